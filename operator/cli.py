@@ -1,0 +1,130 @@
+"""The `specpilot` command. Subcommands present so far: render, parse, observe.
+
+Contract: a mistake in the user's input (a bad config, an unknown engine, unreachable metrics)
+prints one `error: ...` line naming the field and the allowed values and exits 2; no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import httpx
+
+from specpilot.runtime.engines import ADAPTERS, LaunchSettings, get_adapter
+from specpilot.runtime.metrics import observe, observe_per_pod
+from specpilot.runtime.promql import PromQLError, PromQLReader
+from specpilot.runtime.scrape import ScrapeError, Snapshot, fetch_snapshot, window_stats
+from specpilot.tuner.spec_config import ConfigError, SpecConfig
+
+
+def _render(ns: argparse.Namespace) -> int:
+    adapter = get_adapter(ns.engine)
+    config = SpecConfig.from_json(ns.config)
+    base = LaunchSettings(
+        model=ns.model,
+        served_model_name=ns.served_model_name,
+        host=ns.host,
+        port=ns.port,
+        extra_args=tuple(ns.extra_args),
+        sidecar_dir=ns.sidecar_dir,
+    )
+    args = adapter.render(config, base)
+    for path, content in adapter.sidecar_files(config, base).items():
+        if ns.write_sidecars:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text(content, encoding="utf-8")
+        else:
+            print(f"# {path} (write it with --write-sidecars):\n{content}", file=sys.stderr)
+    print(shlex.join(args))
+    return 0
+
+
+def _parse(ns: argparse.Namespace) -> int:
+    config = get_adapter(ns.engine).parse(ns.args)
+    print(config.to_json())
+    return 0
+
+
+def _observe(ns: argparse.Namespace) -> int:
+    if ns.prometheus:
+        reader = PromQLReader(ns.prometheus, pod_label=ns.pod_label, selector=ns.selector)
+        stats = reader.window_stats(ns.engine, ns.window, time.time())
+    else:
+        if not ns.url:
+            raise ConfigError("--url", None, "one or more /metrics URLs, or --prometheus URL")
+        snapshots: dict[str, list[Snapshot]] = {url: [] for url in ns.url}
+        with httpx.Client(timeout=ns.interval + 5) as client:
+            deadline = time.monotonic() + ns.window
+            while True:
+                for url in ns.url:
+                    snapshots[url].append(fetch_snapshot(client, url, time.time()))
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(min(ns.interval, max(0.0, deadline - time.monotonic())))
+        stats = [window_stats(ns.engine, url, snaps) for url, snaps in snapshots.items()]
+    report = {
+        "aggregate": observe(ns.engine, stats).to_dict(),
+        "per_pod": {pod: o.to_dict() for pod, o in observe_per_pod(ns.engine, stats).items()},
+    }
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="specpilot", description="Speculative decoding, tuned to the traffic."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    engines = sorted(ADAPTERS)
+
+    render = sub.add_parser("render", help="print an engine command line for a SpecConfig")
+    render.add_argument("--engine", required=True, choices=engines)
+    render.add_argument("--config", required=True, help='SpecConfig JSON, e.g. {"method":"none"}')
+    render.add_argument("--model", required=True)
+    render.add_argument("--served-model-name")
+    render.add_argument("--host", default="0.0.0.0")
+    render.add_argument("--port", type=int, default=8000)
+    render.add_argument("--sidecar-dir", default="/etc/specpilot")
+    render.add_argument("--write-sidecars", action="store_true")
+    render.add_argument("extra_args", nargs=argparse.REMAINDER, help="after --: engine flags")
+    render.set_defaults(run=_render)
+
+    parse = sub.add_parser("parse", help="print the SpecConfig an engine command line runs")
+    parse.add_argument("--engine", required=True, choices=engines)
+    parse.add_argument("args", nargs=argparse.REMAINDER, help="after --: the engine's arguments")
+    parse.set_defaults(run=_parse)
+
+    obs = sub.add_parser("observe", help="one Observation from /metrics URLs or Prometheus")
+    obs.add_argument("--engine", required=True, choices=engines)
+    obs.add_argument("--url", action="append", help="an engine /metrics URL (repeatable)")
+    obs.add_argument("--prometheus", help="Prometheus base URL (PromQL instead of scraping)")
+    obs.add_argument("--pod-label", default="pod")
+    obs.add_argument("--selector", default="", help='PromQL label matchers, e.g. job="llm"')
+    obs.add_argument("--window", type=float, default=10.0, help="seconds")
+    obs.add_argument("--interval", type=float, default=1.0, help="scrape interval, seconds")
+    obs.set_defaults(run=_observe)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    for name in ("extra_args", "args"):
+        value = getattr(ns, name, None)
+        if value and value[0] == "--":
+            setattr(ns, name, value[1:])
+    try:
+        code: int = ns.run(ns)
+    except (ConfigError, ScrapeError, PromQLError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

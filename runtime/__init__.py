@@ -1,0 +1,1 @@
+"""specpilot.runtime: everything that knows an engine (args, metrics, processes)."""

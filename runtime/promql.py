@@ -1,0 +1,98 @@
+"""PromQL reader: a Prometheus server -> one `WindowStats` per pod.
+
+Contract: for a window of `window_s` seconds ending at `end` (unix seconds), counters are read
+with `increase()` and `resets()`, gauges with `avg_over_time()`, histograms with `increase()` of
+their buckets, all grouped by the pod label (default `pod`; `instance` for static scrape
+configs). Prometheus handles counter resets in `increase()`. Transport and query errors become
+`PromQLError`; series that are missing or NaN are simply absent from the stats.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
+
+from specpilot.runtime.metrics import VLLM_PER_POSITION, WindowStats, engine_metrics
+
+
+class PromQLError(RuntimeError):
+    """A Prometheus server could not be queried."""
+
+
+class PromQLReader:
+    """Reads engine windows from one Prometheus server."""
+
+    def __init__(
+        self, url: str, *, pod_label: str = "pod", selector: str = "", timeout_s: float = 10.0
+    ) -> None:
+        """`selector` is a label matcher list without braces, e.g. `namespace="llm"`."""
+        self._prom = PrometheusConnect(url=url, disable_ssl=True, timeout=timeout_s)
+        self._pod_label = pod_label
+        self._selector = selector
+
+    def query(self, promql: str, at: float) -> list[tuple[dict[str, str], float]]:
+        """Instant query at `at`; (labels, value) for every non-NaN result."""
+        try:
+            raw: list[dict[str, Any]] = self._prom.custom_query(promql, params={"time": at})
+        except (PrometheusApiClientException, OSError) as exc:
+            # requests' errors derive from OSError
+            raise PromQLError(f"PromQL query failed: {promql}: {exc}") from exc
+        out = []
+        for item in raw:
+            value = float(item["value"][1])
+            if not math.isnan(value):
+                out.append((dict(item.get("metric", {})), value))
+        return out
+
+    def window_stats(self, engine: str, window_s: float, end: float) -> list[WindowStats]:
+        """Every pod's stats for the window ending at `end`."""
+        window = f"{max(1, round(window_s))}s"
+        pod = self._pod_label
+        counters: dict[str, dict[str, float]] = {}
+        gauges: dict[str, dict[str, float]] = {}
+        histograms: dict[str, dict[str, dict[float, float]]] = {}
+        resets: dict[str, float] = {}
+        for spec in engine_metrics(engine):
+            series = self._series(spec.name if spec.kind != "histogram" else spec.name + "_bucket")
+            if spec.kind == "counter":
+                for labels, value in self.query(f"sum by ({pod}) (increase({series}[{window}]))", end):
+                    counters.setdefault(labels.get(pod, ""), {})[spec.key] = value
+                for labels, value in self.query(f"sum by ({pod}) (resets({series}[{window}]))", end):
+                    key = labels.get(pod, "")
+                    resets[key] = resets.get(key, 0.0) + value
+            elif spec.kind == "gauge":
+                reduce = "avg" if spec.combine == "mean" else "sum"
+                query = f"{reduce} by ({pod}) (avg_over_time({series}[{window}]))"
+                for labels, value in self.query(query, end):
+                    gauges.setdefault(labels.get(pod, ""), {})[spec.key] = value
+            else:
+                query = f"sum by ({pod}, le) (increase({series}[{window}]))"
+                for labels, value in self.query(query, end):
+                    per_pod = histograms.setdefault(labels.get(pod, ""), {})
+                    per_pod.setdefault(spec.key, {})[float(labels["le"])] = value
+        positions: dict[str, dict[int, float]] = {}
+        if engine == "vllm":
+            query = (
+                f"sum by ({pod}, position) "
+                f"(increase({self._series(VLLM_PER_POSITION)}[{window}]))"
+            )
+            for labels, value in self.query(query, end):
+                positions.setdefault(labels.get(pod, ""), {})[int(labels["position"])] = value
+        pods = sorted(set(counters) | set(gauges) | set(histograms))
+        return [
+            WindowStats(
+                pod=name,
+                window_s=window_s,
+                counters=counters.get(name, {}),
+                gauges=gauges.get(name, {}),
+                histograms=histograms.get(name, {}),
+                accepted_per_position=positions.get(name, {}),
+                counter_resets=int(resets.get(name, 0)),
+            )
+            for name in pods
+        ]
+
+    def _series(self, name: str) -> str:
+        return f"{name}{{{self._selector}}}" if self._selector else name

@@ -1,0 +1,151 @@
+"""Direct scraping: engine /metrics text -> snapshots -> one pod's `WindowStats`.
+
+Contract: `parse_snapshot` reads Prometheus text exposition with prometheus_client's parser (no
+regexes) and keeps every sample; `window_stats` takes a pod's snapshots in time order and
+computes counter increases the way Prometheus' `increase()` does without extrapolation (a drop
+is a counter reset: the new process counted from zero), gauge means and histogram bucket
+increases. NaN samples are skipped; a series seen in fewer than two snapshots is missing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from specpilot.runtime.metrics import VLLM_PER_POSITION, MetricSpec, WindowStats, engine_metrics
+
+Labels = tuple[tuple[str, str], ...]
+_LabelFilter = Callable[[Labels], bool]
+
+
+class ScrapeError(RuntimeError):
+    """A /metrics endpoint could not be read or parsed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Every sample of one scrape, with the time it was taken (seconds, any epoch)."""
+
+    timestamp: float
+    samples: Mapping[str, Mapping[Labels, float]] = field(default_factory=dict)
+
+    def series(self, name: str) -> Mapping[Labels, float]:
+        return self.samples.get(name, {})
+
+
+def parse_snapshot(text: str, timestamp: float) -> Snapshot:
+    samples: dict[str, dict[Labels, float]] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if math.isnan(sample.value):
+                    continue
+                labels = tuple(sorted(sample.labels.items()))
+                samples.setdefault(sample.name, {})[labels] = float(sample.value)
+    except ValueError as exc:
+        raise ScrapeError(f"metrics text is not Prometheus exposition format: {exc}") from exc
+    return Snapshot(timestamp, samples)
+
+
+def fetch_snapshot(client: httpx.Client, url: str, timestamp: float) -> Snapshot:
+    """GET a /metrics URL; transport and HTTP errors become `ScrapeError`."""
+    try:
+        response = client.get(url)
+        response.raise_for_status()
+    except httpx.HTTPError as exc:
+        raise ScrapeError(f"cannot scrape {url}: {exc}") from exc
+    return parse_snapshot(response.text, timestamp)
+
+
+def window_stats(engine: str, pod: str, snapshots: Sequence[Snapshot]) -> WindowStats:
+    """One pod's window from its snapshots (time order; at least two make a window)."""
+    ordered = sorted(snapshots, key=lambda s: s.timestamp)
+    window = ordered[-1].timestamp - ordered[0].timestamp if len(ordered) > 1 else 0.0
+    counters: dict[str, float] = {}
+    gauges: dict[str, float] = {}
+    histograms: dict[str, dict[float, float]] = {}
+    resets = 0
+    for spec in engine_metrics(engine):
+        if spec.kind == "gauge":
+            mean = _gauge_mean(spec, ordered)
+            if mean is not None:
+                gauges[spec.key] = mean
+        elif spec.kind == "counter":
+            increase = _increase(ordered, spec.name, lambda labels: True)
+            if increase is not None:
+                counters[spec.key], spec_resets = increase
+                resets += spec_resets
+        else:
+            buckets = _bucket_increases(ordered, spec.name)
+            if buckets:
+                histograms[spec.key] = buckets
+    per_position: dict[int, float] = {}
+    if engine == "vllm":
+        for position in _label_values(ordered, VLLM_PER_POSITION, "position"):
+            found = _increase(
+                ordered, VLLM_PER_POSITION, lambda labels, p=position: ("position", p) in labels
+            )
+            if found is not None:
+                per_position[int(position)] = found[0]
+    return WindowStats(
+        pod=pod,
+        window_s=window,
+        counters=counters,
+        gauges=gauges,
+        histograms=histograms,
+        accepted_per_position=per_position,
+        counter_resets=resets,
+    )
+
+
+def _gauge_mean(spec: MetricSpec, snapshots: Sequence[Snapshot]) -> float | None:
+    values = []
+    for snapshot in snapshots:
+        series = list(snapshot.series(spec.name).values())
+        if not series:
+            continue
+        total = sum(series)
+        values.append(total / len(series) if spec.combine == "mean" else total)
+    return sum(values) / len(values) if values else None
+
+
+def _increase(
+    snapshots: Sequence[Snapshot], name: str, keep: _LabelFilter
+) -> tuple[float, int] | None:
+    """Sum over the matching series of each series' increase; None if no series has two
+    points. Returns the increase and the number of resets seen."""
+    total, resets, seen = 0.0, 0, False
+    keys = {labels for s in snapshots for labels in s.series(name) if keep(labels)}
+    for labels in keys:
+        points = [s.series(name)[labels] for s in snapshots if labels in s.series(name)]
+        if len(points) < 2:
+            continue
+        seen = True
+        for before, after in zip(points, points[1:], strict=False):
+            if after >= before:
+                total += after - before
+            else:
+                total += after
+                resets += 1
+    return (total, resets) if seen else None
+
+
+def _bucket_increases(snapshots: Sequence[Snapshot], name: str) -> dict[float, float]:
+    bucket_name = name + "_bucket"
+    out: dict[float, float] = {}
+    for bound in _label_values(snapshots, bucket_name, "le"):
+        found = _increase(snapshots, bucket_name, lambda labels, b=bound: ("le", b) in labels)
+        if found is not None:
+            out[float(bound)] = found[0]
+    return out
+
+
+def _label_values(snapshots: Sequence[Snapshot], name: str, label: str) -> list[str]:
+    values = {
+        value for s in snapshots for labels in s.series(name) for key, value in labels if key == label
+    }
+    return sorted(values)
