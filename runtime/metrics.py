@@ -194,9 +194,7 @@ def _weighted_gauge(
     stats: Sequence[WindowStats], weights: Sequence[float], key: str
 ) -> float | None:
     # A zero gauge means the engine has not drafted in its window yet, not zero acceptance.
-    pairs = [
-        (s.gauges[key], w) for s, w in zip(stats, weights, strict=True) if s.gauges.get(key)
-    ]
+    pairs = [(s.gauges[key], w) for s, w in zip(stats, weights, strict=True) if s.gauges.get(key)]
     if not pairs:
         return None
     total_weight = sum(w for _, w in pairs)

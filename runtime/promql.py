@@ -13,7 +13,6 @@ import math
 from typing import Any
 
 from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
-
 from specpilot.runtime.metrics import VLLM_PER_POSITION, WindowStats, engine_metrics
 
 
@@ -57,9 +56,13 @@ class PromQLReader:
         for spec in engine_metrics(engine):
             series = self._series(spec.name if spec.kind != "histogram" else spec.name + "_bucket")
             if spec.kind == "counter":
-                for labels, value in self.query(f"sum by ({pod}) (increase({series}[{window}]))", end):
+                for labels, value in self.query(
+                    f"sum by ({pod}) (increase({series}[{window}]))", end
+                ):
                     counters.setdefault(labels.get(pod, ""), {})[spec.key] = value
-                for labels, value in self.query(f"sum by ({pod}) (resets({series}[{window}]))", end):
+                for labels, value in self.query(
+                    f"sum by ({pod}) (resets({series}[{window}]))", end
+                ):
                     key = labels.get(pod, "")
                     resets[key] = resets.get(key, 0.0) + value
             elif spec.kind == "gauge":
@@ -75,8 +78,7 @@ class PromQLReader:
         positions: dict[str, dict[int, float]] = {}
         if engine == "vllm":
             query = (
-                f"sum by ({pod}, position) "
-                f"(increase({self._series(VLLM_PER_POSITION)}[{window}]))"
+                f"sum by ({pod}, position) (increase({self._series(VLLM_PER_POSITION)}[{window}]))"
             )
             for labels, value in self.query(query, end):
                 positions.setdefault(labels.get(pod, ""), {})[int(labels["position"])] = value

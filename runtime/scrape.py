@@ -4,7 +4,7 @@ Contract: `parse_snapshot` reads Prometheus text exposition with prometheus_clie
 regexes) and keeps every sample; `window_stats` takes a pod's snapshots in time order and
 computes counter increases the way Prometheus' `increase()` does without extrapolation (a drop
 is a counter reset: the new process counted from zero), gauge means and histogram bucket
-increases. NaN samples are skipped; a series seen in fewer than two snapshots is missing.
+increases. NaN samples are skipped; a counter that appears mid-window counts from zero.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
-
 from specpilot.runtime.metrics import VLLM_PER_POSITION, MetricSpec, WindowStats, engine_metrics
 
 Labels = tuple[tuple[str, str], ...]
@@ -116,16 +116,23 @@ def _gauge_mean(spec: MetricSpec, snapshots: Sequence[Snapshot]) -> float | None
 def _increase(
     snapshots: Sequence[Snapshot], name: str, keep: _LabelFilter
 ) -> tuple[float, int] | None:
-    """Sum over the matching series of each series' increase; None if no series has two
-    points. Returns the increase and the number of resets seen."""
+    """Sum over the matching series of each series' increase, and the number of resets seen.
+
+    A series that first appears after the window's first snapshot was created inside the
+    window (engines create labelled children lazily, a new pod starts from zero), so it counts
+    from 0. None when no series spans the window."""
     total, resets, seen = 0.0, 0, False
+    if len(snapshots) < 2:
+        return None
     keys = {labels for s in snapshots for labels in s.series(name) if keep(labels)}
     for labels in keys:
         points = [s.series(name)[labels] for s in snapshots if labels in s.series(name)]
+        if labels not in snapshots[0].series(name):
+            points.insert(0, 0.0)
         if len(points) < 2:
             continue
         seen = True
-        for before, after in zip(points, points[1:], strict=False):
+        for before, after in pairwise(points):
             if after >= before:
                 total += after - before
             else:
@@ -146,6 +153,10 @@ def _bucket_increases(snapshots: Sequence[Snapshot], name: str) -> dict[float, f
 
 def _label_values(snapshots: Sequence[Snapshot], name: str, label: str) -> list[str]:
     values = {
-        value for s in snapshots for labels in s.series(name) for key, value in labels if key == label
+        value
+        for s in snapshots
+        for labels in s.series(name)
+        for key, value in labels
+        if key == label
     }
     return sorted(values)

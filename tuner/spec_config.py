@@ -17,9 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Literal, get_args
 
-SpecMethod = Literal[
-    "none", "ngram", "suffix", "draft_model", "eagle", "eagle3", "mtp", "dflash"
-]
+SpecMethod = Literal["none", "ngram", "suffix", "draft_model", "eagle", "eagle3", "mtp", "dflash"]
 SPEC_METHODS: tuple[str, ...] = get_args(SpecMethod)
 
 MIN_SPECULATIVE_TOKENS = 1
@@ -141,9 +139,7 @@ class SpecConfig:
             _check_int(name, value, 1, MAX_PROMPT_LOOKUP)
         low, high = self.prompt_lookup_min, self.prompt_lookup_max
         if low is not None and high is not None and low > high:
-            raise ConfigError(
-                "prompt_lookup_min", low, f"a value <= prompt_lookup_max ({high})"
-            )
+            raise ConfigError("prompt_lookup_min", low, f"a value <= prompt_lookup_max ({high})")
 
     def _normalise_tree(self, k: int) -> None:
         topk, draft_tokens = self.eagle_topk, self.num_draft_tokens
@@ -172,7 +168,9 @@ class SpecConfig:
         else:
             if draft_tokens is None:
                 raise ConfigError(
-                    "num_draft_tokens", None, f"an integer in 2..{topk * k + 1}",
+                    "num_draft_tokens",
+                    None,
+                    f"an integer in 2..{topk * k + 1}",
                     "a tree (eagle_topk > 1) needs its size",
                 )
             _check_int("num_draft_tokens", draft_tokens, 2, topk * k + 1)

@@ -73,9 +73,7 @@ class EngineAdapter(Protocol):
     def sidecar_files(self, config: SpecConfig, base: LaunchSettings) -> dict[str, str]:
         """Files (path -> content) the rendered arguments refer to."""
 
-    def parse(
-        self, args: Sequence[str], files: Mapping[str, str] | None = None
-    ) -> SpecConfig:
+    def parse(self, args: Sequence[str], files: Mapping[str, str] | None = None) -> SpecConfig:
         """The SpecConfig a command line runs; `files` overrides reading referenced files."""
 
     def program(self, python: str) -> list[str]:
@@ -142,7 +140,7 @@ class FoundFlag:
 def find_flags(
     args: Sequence[str],
     value_flags: Mapping[str, str],
-    bool_flags: Mapping[str, str] = {},  # noqa: B006 - read-only default
+    bool_flags: Mapping[str, str] = {},
 ) -> dict[str, FoundFlag]:
     """Collect the given flags from an argument list, by canonical name.
 

@@ -137,9 +137,7 @@ class SglangAdapter:
             return {}
         return {self.adaptive_config_path(base): adaptive_config_json(config.schedule)}
 
-    def parse(
-        self, args: Sequence[str], files: Mapping[str, str] | None = None
-    ) -> SpecConfig:
+    def parse(self, args: Sequence[str], files: Mapping[str, str] | None = None) -> SpecConfig:
         _refuse_unmodelled_flags(args)
         found = find_flags(args, _VALUE_FLAGS, _BOOL_FLAGS)
         algorithm_flag = found.get("algorithm")
@@ -170,9 +168,7 @@ class SglangAdapter:
 
 def adaptive_config_json(schedule: Sequence[ScheduleTier]) -> str:
     """SGLang adaptive config with one candidate per bucket: SpecPilot's K for that range."""
-    body = {
-        str(start): {"candidate_steps": [k], BUCKET_END_KEY: end} for start, end, k in schedule
-    }
+    body = {str(start): {"candidate_steps": [k], BUCKET_END_KEY: end} for start, end, k in schedule}
     return json.dumps(body, indent=2, sort_keys=False) + "\n"
 
 
@@ -201,7 +197,9 @@ def _config_from_flags(
         window = draft_tokens or block
         if window is None:
             raise EngineArgsError(
-                "--speculative-num-draft-tokens", None, "the DFlash block size (K + 1)",
+                "--speculative-num-draft-tokens",
+                None,
+                "the DFlash block size (K + 1)",
                 "SGLang would infer it from the draft checkpoint; SpecPilot needs it explicit",
             )
         return SpecConfig(method="dflash", num_speculative_tokens=window - 1, draft_model=draft)
@@ -213,7 +211,9 @@ def _config_from_flags(
         topk = parse_int_flag(found.get("topk")) or 1
         if steps is None:
             raise EngineArgsError(
-                "--speculative-num-steps", None, "an integer (K)",
+                "--speculative-num-steps",
+                None,
+                "an integer (K)",
                 "SGLang would auto-choose steps/topk/draft tokens; SpecPilot needs them explicit",
             )
         if topk == 1:
@@ -237,7 +237,9 @@ def _read_schedule(
     path_flag = found.get("adaptive_config")
     if path_flag is None or not path_flag.value:
         raise EngineArgsError(
-            "--speculative-adaptive-config", None, "a JSON file with one candidate per bucket",
+            "--speculative-adaptive-config",
+            None,
+            "a JSON file with one candidate per bucket",
             "SGLang's default buckets hold several candidates each, which SpecPilot's "
             "per-batch K schedule does not model",
         )
@@ -246,7 +248,9 @@ def _read_schedule(
         text = files[path] if files is not None and path in files else _read_text(path)
         body: Any = json.loads(text)
     except (OSError, KeyError, json.JSONDecodeError) as exc:
-        raise EngineArgsError("--speculative-adaptive-config", path, "a readable JSON file") from exc
+        raise EngineArgsError(
+            "--speculative-adaptive-config", path, "a readable JSON file"
+        ) from exc
     max_running = parse_int_flag(found.get("max_running")) or SPECULATIVE_DEFAULT_MAX_RUNNING
     return schedule_from_adaptive_config(body, max_running)
 
@@ -271,7 +275,9 @@ def schedule_from_adaptive_config(body: object, max_running: int) -> tuple[Sched
         steps = entry.get("candidate_steps") if isinstance(entry, dict) else None
         if not isinstance(steps, list) or len(set(steps)) != 1:
             raise EngineArgsError(
-                f"adaptive config bucket {start}.candidate_steps", steps, "exactly one K",
+                f"adaptive config bucket {start}.candidate_steps",
+                steps,
+                "exactly one K",
                 "SpecPilot's schedule fixes K per batch-size range",
             )
         if index + 1 < len(buckets):

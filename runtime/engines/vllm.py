@@ -90,14 +90,14 @@ class VllmAdapter:
     def sidecar_files(self, config: SpecConfig, base: LaunchSettings) -> dict[str, str]:
         return {}
 
-    def parse(
-        self, args: Sequence[str], files: Mapping[str, str] | None = None
-    ) -> SpecConfig:
+    def parse(self, args: Sequence[str], files: Mapping[str, str] | None = None) -> SpecConfig:
         for token in args:
             spelling = token.partition("=")[0]
             if spelling.startswith(("--speculative-config.", "--speculative_config")):
                 raise EngineArgsError(
-                    spelling, token, "--speculative-config '<json>'",
+                    spelling,
+                    token,
+                    "--speculative-config '<json>'",
                     "SpecPilot reads the JSON form of the speculative config only",
                 )
         found = find_flags(args, {**_CONFIG_FLAGS, **_SHORTHAND_FLAGS})
@@ -130,13 +130,19 @@ def _load_config_json(flag: FoundFlag | None) -> dict[str, Any]:
 
 
 def _merge_shorthands(body: dict[str, Any], found: Mapping[str, FoundFlag]) -> None:
-    for canonical, key in (("method", "method"), ("model", "model"), ("k", "num_speculative_tokens")):
+    for canonical, key in (
+        ("method", "method"),
+        ("model", "model"),
+        ("k", "num_speculative_tokens"),
+    ):
         flag = found.get(canonical)
         if flag is None:
             continue
         if key in body:
             raise EngineArgsError(
-                flag.name, flag.value, f"either {flag.name} or --speculative-config['{key}']",
+                flag.name,
+                flag.value,
+                f"either {flag.name} or --speculative-config['{key}']",
                 "vLLM rejects both together",
             )
         body[key] = parse_int_flag(flag) if canonical == "k" else flag.value
@@ -154,7 +160,9 @@ def _config_from_body(body: Mapping[str, Any]) -> SpecConfig:
     method = body.get("method")
     if method is None:
         raise EngineArgsError(
-            "--speculative-config.method", None, " | ".join(CAPABILITIES),
+            "--speculative-config.method",
+            None,
+            " | ".join(CAPABILITIES),
             "vLLM would guess it from the draft model; SpecPilot needs it explicit",
         )
     if isinstance(method, str) and method.endswith("_mtp"):
@@ -175,9 +183,7 @@ def _config_from_body(body: Mapping[str, Any]) -> SpecConfig:
     except EngineArgsError:
         raise
     except ConfigError as exc:
-        raise EngineArgsError(
-            "--speculative-config." + exc.field, exc.value, exc.allowed
-        ) from exc
+        raise EngineArgsError("--speculative-config." + exc.field, exc.value, exc.allowed) from exc
 
 
 def _normalise_vllm_schedule(raw: object, k: object) -> tuple[ScheduleTier, ...]:

@@ -86,18 +86,38 @@ def main(out_dir: str) -> None:
     llama = root / "llama"
     build_llama(llama)
     dflash = Qwen3Config(
-        vocab_size=VOCAB_SIZE, hidden_size=128, intermediate_size=256, num_hidden_layers=1,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=2048,
+        vocab_size=VOCAB_SIZE,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=2048,
     )
     dflash.architectures = ["DFlashDraftModel"]
     dflash.dflash_config = {"block_size": 4, "target_layer_ids": [0, 1]}
     build_config_only(root / "dflash-draft", dflash, llama)
     mtp = DeepseekV3Config(
-        vocab_size=VOCAB_SIZE, hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4,
-        num_experts_per_tok=2, n_group=1, topk_group=1, first_k_dense_replace=1,
-        kv_lora_rank=32, q_lora_rank=64, qk_rope_head_dim=16, qk_nope_head_dim=16,
-        v_head_dim=32, max_position_embeddings=2048, num_nextn_predict_layers=1,
+        vocab_size=VOCAB_SIZE,
+        hidden_size=128,
+        intermediate_size=256,
+        moe_intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_group=1,
+        topk_group=1,
+        first_k_dense_replace=1,
+        kv_lora_rank=32,
+        q_lora_rank=64,
+        qk_rope_head_dim=16,
+        qk_nope_head_dim=16,
+        v_head_dim=32,
+        max_position_embeddings=2048,
+        num_nextn_predict_layers=1,
     )
     mtp.architectures = ["DeepseekV3ForCausalLM"]
     build_config_only(root / "deepseek-mtp", mtp, llama)

@@ -52,7 +52,7 @@ def main() -> None:
         except SystemExit as exc:
             message = usage_errors.getvalue().strip().splitlines()[-1:] or [f"exit {exc.code}"]
             result = {"ok": False, "error": "argparse: " + message[0], "resolved": None}
-        except Exception as exc:  # noqa: BLE001 - every failure is a contract result
+        except Exception as exc:
             last = traceback.format_exception_only(type(exc), exc)[-1].strip()
             result = {"ok": False, "error": last, "resolved": None}
         print("RESULT " + json.dumps(result), flush=True)

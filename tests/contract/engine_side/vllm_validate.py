@@ -39,13 +39,15 @@ def main() -> None:
                     "model": spec.model,
                     "prompt_lookup_min": spec.prompt_lookup_min,
                     "prompt_lookup_max": spec.prompt_lookup_max,
-                    "num_speculative_tokens_per_batch_size": spec.num_speculative_tokens_per_batch_size,
+                    "num_speculative_tokens_per_batch_size": (
+                        spec.num_speculative_tokens_per_batch_size
+                    ),
                 }
             result = {"ok": True, "error": "", "speculative": summary}
         except SystemExit as exc:
             message = usage_errors.getvalue().strip().splitlines()[-1:] or [f"exit {exc.code}"]
             result = {"ok": False, "error": "argparse: " + message[0], "speculative": None}
-        except Exception as exc:  # noqa: BLE001 - every failure is a contract result
+        except Exception as exc:
             last = traceback.format_exception_only(type(exc), exc)[-1].strip()
             result = {"ok": False, "error": last, "speculative": None}
         print("RESULT " + json.dumps(result), flush=True)
