@@ -11,11 +11,14 @@ SGLANG_VENV := .venvs/sglang
 PROMETHEUS := .tools/prometheus/usr/bin/prometheus
 TINY_MODELS := .cache/tiny-models
 # pip's extra local indexes warn once per package they lack; the warnings are noise here.
-QUIET_PIP := grep -v "is ignored: it is neither a file nor a directory" || true
+# grep exits 1 when it filtered everything, which is fine; pipefail keeps pip's own failure.
+QUIET_PIP := { grep -v "is ignored: it is neither a file nor a directory" || [ $$? -eq 1 ]; }
+
+TYPECHECK := .cache/typecheck
 
 .PHONY: test engines lint clean
 
-test: $(VENV)/.installed $(if $(filter 1,$(SPECPILOT_SKIP_ENGINES)),,engines)
+test: lint $(if $(filter 1,$(SPECPILOT_SKIP_ENGINES)),,engines)
 	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m pytest
 
 engines: $(VLLM_VENV)/.installed $(SGLANG_VENV)/.installed $(PROMETHEUS) $(TINY_MODELS)/.built
@@ -50,9 +53,15 @@ $(TINY_MODELS)/.built: tests/contract/engine_side/build_tiny_model.py $(VLLM_VEN
 	HF_HUB_OFFLINE=1 $(VLLM_VENV)/bin/python tests/contract/engine_side/build_tiny_model.py $(TINY_MODELS)
 	touch $@
 
+# mypy cannot follow setuptools' editable finder through the package-dir mapping, so it reads
+# the three folders through a tree of links named as the installed package.
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy tuner runtime operator/cli.py
+	$(VENV)/bin/ruff format --check .
+	mkdir -p $(TYPECHECK)/specpilot
+	for folder in tuner runtime operator; do ln -sfn $(CURDIR)/$$folder $(TYPECHECK)/specpilot/$$folder; done
+	cd $(TYPECHECK) && MYPYPATH=. $(CURDIR)/$(VENV)/bin/mypy --config-file $(CURDIR)/pyproject.toml \
+		-p specpilot.tuner -p specpilot.runtime -p specpilot.operator
 
 clean:
 	rm -rf $(VENV) .venvs .tools .cache

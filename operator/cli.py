@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
+
 from specpilot.runtime.engines import ADAPTERS, LaunchSettings, get_adapter
 from specpilot.runtime.metrics import observe, observe_per_pod
 from specpilot.runtime.promql import PromQLError, PromQLReader

@@ -12,7 +12,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
+from prometheus_api_client import PrometheusConnect
+from prometheus_api_client.exceptions import PrometheusApiClientException
+
 from specpilot.runtime.metrics import VLLM_PER_POSITION, WindowStats, engine_metrics
 
 

@@ -16,6 +16,7 @@ from itertools import pairwise
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
+
 from specpilot.runtime.metrics import VLLM_PER_POSITION, MetricSpec, WindowStats, engine_metrics
 
 Labels = tuple[tuple[str, str], ...]
@@ -75,7 +76,7 @@ def window_stats(engine: str, pod: str, snapshots: Sequence[Snapshot]) -> Window
             if mean is not None:
                 gauges[spec.key] = mean
         elif spec.kind == "counter":
-            increase = _increase(ordered, spec.name, lambda labels: True)
+            increase = _increase(ordered, spec.name, _any_labels)
             if increase is not None:
                 counters[spec.key], spec_resets = increase
                 resets += spec_resets
@@ -86,9 +87,7 @@ def window_stats(engine: str, pod: str, snapshots: Sequence[Snapshot]) -> Window
     per_position: dict[int, float] = {}
     if engine == "vllm":
         for position in _label_values(ordered, VLLM_PER_POSITION, "position"):
-            found = _increase(
-                ordered, VLLM_PER_POSITION, lambda labels, p=position: ("position", p) in labels
-            )
+            found = _increase(ordered, VLLM_PER_POSITION, _with_label("position", position))
             if found is not None:
                 per_position[int(position)] = found[0]
     return WindowStats(
@@ -145,7 +144,7 @@ def _bucket_increases(snapshots: Sequence[Snapshot], name: str) -> dict[float, f
     bucket_name = name + "_bucket"
     out: dict[float, float] = {}
     for bound in _label_values(snapshots, bucket_name, "le"):
-        found = _increase(snapshots, bucket_name, lambda labels, b=bound: ("le", b) in labels)
+        found = _increase(snapshots, bucket_name, _with_label("le", bound))
         if found is not None:
             out[float(bound)] = found[0]
     return out
@@ -160,3 +159,14 @@ def _label_values(snapshots: Sequence[Snapshot], name: str, label: str) -> list[
         if key == label
     }
     return sorted(values)
+
+
+def _any_labels(labels: Labels) -> bool:
+    return True
+
+
+def _with_label(key: str, value: str) -> _LabelFilter:
+    def keep(labels: Labels) -> bool:
+        return (key, value) in labels
+
+    return keep

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from specpilot.runtime.engines.base import (
     EngineArgsError,
@@ -36,7 +36,7 @@ from specpilot.runtime.engines.base import (
     parse_int_flag,
     refuse_speculative_flags,
 )
-from specpilot.tuner.spec_config import ConfigError, ScheduleTier, SpecConfig
+from specpilot.tuner.spec_config import ConfigError, ScheduleTier, SpecConfig, SpecMethod
 
 CAPABILITIES: Mapping[str, MethodSupport] = {
     "ngram": MethodSupport("NGRAM", "forbidden", tree=True),
@@ -220,7 +220,7 @@ def _config_from_flags(
             draft_tokens = None  # SGLang forces steps + 1 for a chain
     schedule = _read_schedule(found, files)
     return SpecConfig(
-        method=method,  # type: ignore[arg-type]
+        method=cast(SpecMethod, method),
         num_speculative_tokens=steps,
         draft_model=draft,
         eagle_topk=topk,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from specpilot.runtime.engines.base import (
     EngineArgsError,
@@ -26,7 +26,7 @@ from specpilot.runtime.engines.base import (
     parse_int_flag,
     refuse_speculative_flags,
 )
-from specpilot.tuner.spec_config import ConfigError, ScheduleTier, SpecConfig
+from specpilot.tuner.spec_config import ConfigError, ScheduleTier, SpecConfig, SpecMethod
 
 CAPABILITIES: Mapping[str, MethodSupport] = {
     "ngram": MethodSupport("ngram", "forbidden", schedule=True, prompt_lookup=True),
@@ -173,7 +173,7 @@ def _config_from_body(body: Mapping[str, Any]) -> SpecConfig:
     schedule = body.get("num_speculative_tokens_per_batch_size")
     try:
         return SpecConfig(
-            method=method,
+            method=cast(SpecMethod, method),
             num_speculative_tokens=k,
             draft_model=body.get("model"),
             prompt_lookup_min=body.get("prompt_lookup_min"),

@@ -1,8 +1,9 @@
 """Contract with SGLang 0.5.23: its own argument definitions and speculative checks accept what
 SpecPilot renders, and resolve to the steps / topk / draft tokens / adaptive buckets SpecPilot
 meant. No SGLang server runs here: SGLang is installed without its GPU kernels (sgl-kernel,
-flashinfer), so only its argument layer runs, in-process: `ServerArgs.add_cli_args`, `ServerArgs.from_cli_args`, then
-`handle_speculative_decoding`, which from_cli_args does not call on its own.
+flashinfer), so only its argument layer runs, in-process: `ServerArgs.add_cli_args`,
+`ServerArgs.from_cli_args`, then `handle_speculative_decoding`, which from_cli_args does not
+call on its own.
 
 The checks run with `--device cuda`, the deployment target: SGLang's hook refuses DFLASH on any
 other device, which the last test pins."""
@@ -12,10 +13,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import SGLANG_PYTHON, run_engine_script
 
 from specpilot.runtime.engines import LaunchSettings, get_adapter
 from specpilot.tuner import SpecConfig
+
+from conftest import SGLANG_PYTHON, run_engine_script
 
 pytestmark = pytest.mark.engines
 SGLANG = get_adapter("sglang")

@@ -12,6 +12,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from specpilot.runtime.engines import LaunchSettings, get_adapter
+from specpilot.runtime.metrics import observe
+from specpilot.runtime.promql import PromQLReader
+from specpilot.runtime.scrape import Snapshot, fetch_snapshot, parse_snapshot, window_stats
+from specpilot.tuner import SpecConfig
+
 from conftest import (
     OFFLINE_ENV,
     VLLM_PYTHON,
@@ -22,12 +29,6 @@ from conftest import (
     start,
     wait_http_ok,
 )
-
-from specpilot.runtime.engines import LaunchSettings, get_adapter
-from specpilot.runtime.metrics import observe
-from specpilot.runtime.promql import PromQLReader
-from specpilot.runtime.scrape import Snapshot, fetch_snapshot, parse_snapshot, window_stats
-from specpilot.tuner import SpecConfig
 
 pytestmark = pytest.mark.engines
 VLLM = get_adapter("vllm")
@@ -276,9 +277,9 @@ def test_promql_reader_matches_raw_counters(vllm_server: str, prometheus: str) -
     assert observation.acceptance_length == pytest.approx(1 + accepted / drafts, rel=1e-6)
     assert observation.pods == (vllm_server.removeprefix("http://"),)
     assert observation.running_requests is not None and observation.running_requests > 0
+    window = f"{round(window_end - window_start)}s"
     peak = reader.query(
-        f'max_over_time(vllm:num_requests_running{{job="vllm"}}[{round(window_end - window_start)}s])',
-        window_end,
+        f'max_over_time(vllm:num_requests_running{{job="vllm"}}[{window}])', window_end
     )
     assert peak and peak[0][1] > 1.0
     assert (

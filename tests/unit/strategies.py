@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from hypothesis import strategies as st
+
 from specpilot.runtime.engines import MethodSupport
 from specpilot.tuner.spec_config import (
     DRAFT_WEIGHT_METHODS,

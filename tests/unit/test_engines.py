@@ -7,6 +7,7 @@ import json
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from specpilot.runtime.engines import (
     ADAPTERS,
     EngineArgsError,
@@ -16,6 +17,7 @@ from specpilot.runtime.engines import (
 )
 from specpilot.runtime.engines.sglang import adaptive_config_json
 from specpilot.tuner import ConfigError, SpecConfig
+
 from strategies import spec_configs
 
 BASE = LaunchSettings(model="/models/target", served_model_name="m", port=8000)

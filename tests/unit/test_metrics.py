@@ -7,6 +7,7 @@ import math
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
 from specpilot.runtime.metrics import WindowStats, histogram_quantile, observe, observe_per_pod
 from specpilot.runtime.scrape import ScrapeError, parse_snapshot, window_stats
 

@@ -6,7 +6,9 @@ import json
 
 import pytest
 from hypothesis import given
+
 from specpilot.tuner import ConfigError, SpecConfig
+
 from strategies import spec_configs
 
 
