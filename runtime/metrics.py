@@ -26,6 +26,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
+from specpilot.tuner.spec_config import ConfigError
+
 MetricKind = Literal["counter", "gauge", "histogram"]
 
 
@@ -73,7 +75,7 @@ def engine_metrics(engine: str) -> tuple[MetricSpec, ...]:
     try:
         return ENGINE_METRICS[engine]
     except KeyError:
-        raise ValueError(f"engine={engine!r} is invalid: allowed {' | '.join(ENGINES)}") from None
+        raise ConfigError("engine", engine, " | ".join(ENGINES)) from None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -148,6 +148,7 @@ def find_flags(
     `--flag value` and `--flag=value` are read; a flag given twice is an error, since engines
     disagree on which one wins.
     """
+    bool_flags = bool_flags or {}
     found: dict[str, FoundFlag] = {}
     index = 0
     while index < len(args):

@@ -1,0 +1,47 @@
+"""Roofline step-time model: reproduces the published Llama-3.1-8B/H100 fit it is anchored on,
+and the ridge points and knee REFERENCE.md section 4 derives."""
+
+from __future__ import annotations
+
+import pytest
+
+from specpilot.runtime.hardware import GPUS, PROFILES, StepTimeModel, get_gpu, get_profile
+from specpilot.tuner import ConfigError
+
+
+def test_anchor_profile_reproduces_published_fit() -> None:
+    model = StepTimeModel.roofline(get_gpu("H100"), get_profile("llama-3.1-8b"))
+    assert model.fixed_s == pytest.approx(5.9e-3)
+    assert model.per_token_s == pytest.approx(21e-6)
+    assert model.per_kv_token_s == pytest.approx(39e-9, rel=0.01)  # 131072 B / 3.35 TB/s
+    assert model.knee_tokens == pytest.approx(281, rel=0.01)  # "knee ~280 tokens"
+
+
+@pytest.mark.parametrize(("gpu", "ridge"), [("H100", 295), ("H200", 206)])
+def test_ridge_points(gpu: str, ridge: float) -> None:
+    assert GPUS[gpu].ridge_flops_per_byte == pytest.approx(ridge, rel=0.01)
+
+
+def test_bandwidth_moves_the_knee_later() -> None:
+    profile = get_profile("llama-3.1-8b")
+    h100 = StepTimeModel.roofline(get_gpu("H100"), profile)
+    h200 = StepTimeModel.roofline(get_gpu("H200"), profile)
+    assert h200.fixed_s < h100.fixed_s and h200.per_token_s == h100.per_token_s
+    assert h200.knee_tokens < h100.knee_tokens  # faster memory: compute-bound sooner
+
+
+def test_moe_reads_more_experts_as_tokens_grow() -> None:
+    profile = PROFILES["qwen3-30b-a3b"]
+    model = StepTimeModel.roofline(get_gpu("H100"), profile)
+    one, four, many = (model.step_time(t, 0) for t in (1, 4, 512))
+    dense_slope = model.per_token_s
+    assert four - one > 3 * dense_slope  # verifying 3 extra tokens touches new experts
+    assert profile.weight_bytes_read(10_000) == pytest.approx(profile.params * 2, rel=1e-6)
+    assert many > four > one
+
+
+def test_unknown_names_list_the_known_ones() -> None:
+    with pytest.raises(ConfigError, match="H100 \\| H200"):
+        get_gpu("V100")
+    with pytest.raises(ConfigError, match=r"llama-3\.1-8b"):
+        get_profile("gpt-5")
