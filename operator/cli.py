@@ -1,4 +1,4 @@
-"""The `specpilot` command. Subcommands present so far: render, parse, observe.
+"""The `specpilot` command. Subcommands present so far: render, parse, observe, simulate.
 
 Contract: a mistake in the user's input (a bad config, an unknown engine, unreachable metrics)
 prints one `error: ...` line naming the field and the allowed values and exits 2; no traceback.
@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 
+from specpilot.operator import simulate_command
 from specpilot.runtime.engines import ADAPTERS, LaunchSettings, get_adapter
 from specpilot.runtime.metrics import observe, observe_per_pod
 from specpilot.runtime.promql import PromQLError, PromQLReader
@@ -109,6 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     obs.add_argument("--window", type=float, default=10.0, help="seconds")
     obs.add_argument("--interval", type=float, default=1.0, help="scrape interval, seconds")
     obs.set_defaults(run=_observe)
+
+    simulate_command.add_parser(sub)
     return parser
 
 

@@ -2,11 +2,14 @@
 
 Contract: `StepTimeModel.step_time(tokens, kv_tokens)` is the seconds one engine step takes
 when it processes `tokens` tokens (batch x (K+1) when verifying) attending `kv_tokens` cached
-tokens in total: t = fixed + per_token x tokens + per_kv_token x kv_tokens (the form of the
-SpecDecode-Bench fit, arXiv 2601.11580), plus, for MoE profiles, the expert weights that more
-tokens touch. `roofline()` derives the coefficients from a GPU and a model profile; `anchor`
-constants calibrate its efficiency and overhead so that Llama-3.1-8B on H100 reproduces the
-published fit (5.9 ms + 21 us/token + 39 ns/KV token).
+tokens in total. A measured fit (the probe) is affine, t = a + b x tokens + c x kv (the form
+of the SpecDecode-Bench fit, arXiv 2601.11580). `roofline()` derives the model from a GPU and
+a model profile: overhead + blend(weight streaming, compute) + KV reads, where the blend bends
+from memory-bound to compute-bound at the knee (and, for MoE, more tokens touch more experts).
+The anchor constants calibrate efficiency and overhead so that Llama-3.1-8B on H100 matches
+the published fit (5.9 ms + 21 us/token + 39 ns/KV token) at one token and in slope far past
+the knee; between the two the roofline is below the affine fit, which is what makes
+speculation lose at large batches.
 
 Sources: GPU peaks from vendor datasheets as gathered in REFERENCE.md section 4; model shapes
 from the models' published configs (Hugging Face model cards).
@@ -14,6 +17,7 @@ from the models' published configs (Hugging Face model cards).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from specpilot.tuner.spec_config import ConfigError
@@ -57,6 +61,8 @@ class ModelProfile:
     layers: int
     kv_heads: int
     head_dim: int
+    hidden_size: int
+    vocab_size: int
     experts: int = 0
     """Routed experts per MoE layer (0 for dense)."""
     experts_per_token: int = 0
@@ -67,6 +73,15 @@ class ModelProfile:
     def kv_bytes_per_token(self) -> float:
         """K and V for every layer of one cached token."""
         return 2 * self.layers * self.kv_heads * self.head_dim * self.bytes_per_param
+
+    @property
+    def layer_params(self) -> float:
+        """Parameters of one transformer layer (embeddings and LM head excluded)."""
+        return (self.params - 2 * self.vocab_size * self.hidden_size) / self.layers
+
+    @property
+    def lm_head_params(self) -> float:
+        return float(self.vocab_size * self.hidden_size)
 
     @property
     def is_moe(self) -> bool:
@@ -93,6 +108,8 @@ PROFILES: dict[str, ModelProfile] = {
             layers=32,
             kv_heads=8,
             head_dim=128,
+            hidden_size=4096,
+            vocab_size=128256,
         ),
         ModelProfile(
             name="llama-3.1-70b",
@@ -102,6 +119,8 @@ PROFILES: dict[str, ModelProfile] = {
             layers=80,
             kv_heads=8,
             head_dim=128,
+            hidden_size=8192,
+            vocab_size=128256,
         ),
         ModelProfile(
             name="qwen3-8b",
@@ -111,6 +130,8 @@ PROFILES: dict[str, ModelProfile] = {
             layers=36,
             kv_heads=8,
             head_dim=128,
+            hidden_size=4096,
+            vocab_size=151936,
         ),
         # Qwen3-30B-A3B: 128 routed experts, 8 per token; experts hold ~29.0B of the 30.5B.
         ModelProfile(
@@ -121,6 +142,8 @@ PROFILES: dict[str, ModelProfile] = {
             layers=48,
             kv_heads=4,
             head_dim=128,
+            hidden_size=2048,
+            vocab_size=151936,
             experts=128,
             experts_per_token=8,
             expert_params=29.0e9,
@@ -141,32 +164,44 @@ STEP_OVERHEAD_S = ANCHOR_FIXED_S - 8.03e9 * 2 / 3.35e12
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StepTimeModel:
-    """t(tokens, kv) = fixed + per_token x tokens + per_kv_token x kv (+ MoE expert reads)."""
+    """t = fixed + blend(weight streaming, compute) + per_kv_token x kv.
+
+    `blend` is the Euclidean norm of the memory-bound and compute-bound times: it is the
+    weight-streaming time at small steps, tends to per_token x tokens at large ones, and bends
+    smoothly at the knee, as a roofline does. With `weight_s` = 0 (a measured affine fit,
+    e.g. from the probe) it is exactly fixed + per_token x tokens + per_kv_token x kv.
+    """
 
     fixed_s: float
+    """Per-step overhead (scheduling, sampling, launches); for an affine fit, its intercept."""
     per_token_s: float
     per_kv_token_s: float
+    weight_s: float = 0.0
+    """Time to stream the weights once (memory-bound part); 0 for an affine fit."""
     profile: ModelProfile | None = None
     gpu: Gpu | None = None
     source: str = "fit"
 
     def step_time(self, tokens: int, kv_tokens: int) -> float:
-        extra = 0.0
+        memory = self.weight_s
         if self.profile is not None and self.profile.is_moe and self.gpu is not None:
+            # more tokens route to more experts, whose weights must be streamed too
             touched = self.profile.weight_bytes_read(tokens) - self.profile.weight_bytes_read(1)
-            extra = touched / self.gpu.bandwidth
-        return self.fixed_s + self.per_token_s * tokens + self.per_kv_token_s * kv_tokens + extra
+            memory += touched / self.gpu.bandwidth
+        compute = self.per_token_s * tokens
+        return self.fixed_s + math.hypot(memory, compute) + self.per_kv_token_s * kv_tokens
 
     @property
     def knee_tokens(self) -> float:
-        """Tokens per step where compute time equals the fixed (memory) time: past it, each
-        extra verified token costs real time."""
-        return self.fixed_s / self.per_token_s
+        """Tokens per step where compute time reaches the step's fixed time (the published
+        fit's a/b): past it, each extra verified token costs real time."""
+        return (self.fixed_s + self.weight_s) / self.per_token_s
 
     @classmethod
     def roofline(cls, gpu: Gpu, profile: ModelProfile) -> StepTimeModel:
         return cls(
-            fixed_s=profile.weight_bytes_read(1) / gpu.bandwidth + STEP_OVERHEAD_S,
+            fixed_s=STEP_OVERHEAD_S,
+            weight_s=profile.weight_bytes_read(1) / gpu.bandwidth,
             per_token_s=2 * profile.active_params / (gpu.peak_flops * COMPUTE_EFFICIENCY),
             per_kv_token_s=profile.kv_bytes_per_token / gpu.bandwidth,
             profile=profile,

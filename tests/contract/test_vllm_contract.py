@@ -176,11 +176,12 @@ def test_live_server_serves_and_metrics_read_right(vllm_server: str, tmp_path: P
             with httpx.Client(timeout=30) as scraper:
                 while not done.is_set():
                     during.append(fetch_snapshot(scraper, f"{vllm_server}/metrics", time.time()))
-                    time.sleep(0.2)
+                    time.sleep(0.1)
 
         scraper = threading.Thread(target=scrape_while_loaded)
         scraper.start()
-        generated = send_load(vllm_server, requests=32, concurrency=16)
+        # enough requests that, even on a loaded 2-core machine, scrapes land mid-batch
+        generated = send_load(vllm_server, requests=96, concurrency=16)
         done.set()
         scraper.join()
         end_text = client.get(f"{vllm_server}/metrics").text

@@ -11,10 +11,20 @@ from specpilot.tuner import ConfigError
 
 def test_anchor_profile_reproduces_published_fit() -> None:
     model = StepTimeModel.roofline(get_gpu("H100"), get_profile("llama-3.1-8b"))
-    assert model.fixed_s == pytest.approx(5.9e-3)
-    assert model.per_token_s == pytest.approx(21e-6)
+    assert model.step_time(1, 0) == pytest.approx(5.9e-3, rel=0.001)
+    slope_far = (model.step_time(40_000, 0) - model.step_time(30_000, 0)) / 10_000
+    assert slope_far == pytest.approx(21e-6, rel=0.01)
     assert model.per_kv_token_s == pytest.approx(39e-9, rel=0.01)  # 131072 B / 3.35 TB/s
     assert model.knee_tokens == pytest.approx(281, rel=0.01)  # "knee ~280 tokens"
+    # between the two, the roofline bends: below the affine fit, never below either bound
+    for tokens in (64, 256, 1024):
+        affine = 5.9e-3 + 21e-6 * tokens
+        assert max(5.9e-3, 1.1e-3 + 21e-6 * tokens) < model.step_time(tokens, 0) < affine
+
+
+def test_affine_fit_is_exact() -> None:
+    fit = StepTimeModel(fixed_s=2e-3, per_token_s=1e-5, per_kv_token_s=1e-8)
+    assert fit.step_time(100, 1000) == pytest.approx(2e-3 + 1e-3 + 1e-5)
 
 
 @pytest.mark.parametrize(("gpu", "ridge"), [("H100", 295), ("H200", 206)])
@@ -26,7 +36,7 @@ def test_bandwidth_moves_the_knee_later() -> None:
     profile = get_profile("llama-3.1-8b")
     h100 = StepTimeModel.roofline(get_gpu("H100"), profile)
     h200 = StepTimeModel.roofline(get_gpu("H200"), profile)
-    assert h200.fixed_s < h100.fixed_s and h200.per_token_s == h100.per_token_s
+    assert h200.weight_s < h100.weight_s and h200.per_token_s == h100.per_token_s
     assert h200.knee_tokens < h100.knee_tokens  # faster memory: compute-bound sooner
 
 

@@ -1,0 +1,1 @@
+"""GPU-less engine emulator: performance model, acceptance, engine core, drivers."""
