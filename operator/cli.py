@@ -1,4 +1,5 @@
-"""The `specpilot` command. Subcommands present so far: render, parse, observe, simulate.
+"""The `specpilot` command. Subcommands present so far: render, parse, observe, simulate,
+emulate.
 
 Contract: a mistake in the user's input (a bad config, an unknown engine, unreachable metrics)
 prints one `error: ...` line naming the field and the allowed values and exits 2; no traceback.
@@ -7,11 +8,13 @@ prints one `error: ...` line naming the field and the allowed values and exits 2
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import json
 import shlex
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import httpx
@@ -77,6 +80,15 @@ def _observe(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _emulate(argv: Sequence[str]) -> int:
+    from specpilot.runtime.emulator.server import parse_settings, serve
+
+    settings = parse_settings(argv)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve(settings))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="specpilot", description="Speculative decoding, tuned to the traffic."
@@ -112,21 +124,37 @@ def build_parser() -> argparse.ArgumentParser:
     obs.set_defaults(run=_observe)
 
     simulate_command.add_parser(sub)
+
+    emulate = sub.add_parser(
+        "emulate",
+        help="serve an emulated vLLM/SGLang: specpilot emulate --engine vllm [--gpu H100] "
+        "[--model-profile llama-3.1-8b] [--load-delay S] <the engine's own arguments>",
+        add_help=False,
+    )
+    emulate.add_argument("argv", nargs=argparse.REMAINDER)
+    emulate.set_defaults(run=lambda ns: _emulate(ns.argv))
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ns = build_parser().parse_args(argv)
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["emulate"]:
+        # The engine's own flags follow; argparse must not try to read them.
+        return _guarded(lambda: _emulate(args[1:]))
+    ns = build_parser().parse_args(args)
     for name in ("extra_args", "args"):
         value = getattr(ns, name, None)
         if value and value[0] == "--":
             setattr(ns, name, value[1:])
+    return _guarded(lambda: int(ns.run(ns)))
+
+
+def _guarded(run: Callable[[], int]) -> int:
     try:
-        code: int = ns.run(ns)
+        return run()
     except (ConfigError, ScrapeError, PromQLError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    return code
 
 
 if __name__ == "__main__":

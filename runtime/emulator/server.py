@@ -1,0 +1,319 @@
+"""Real-time mode: the emulated engine as an HTTP server that speaks like vLLM or SGLang.
+
+Contract: `serve(argv)` takes the engine's own command line (parsed by the same adapter code
+that renders it, plus SpecPilot's --engine/--gpu/--model-profile/--load-delay/--task/--seed),
+waits the model-load delay (no port is open meanwhile, as with a real engine), then serves
+/health, /v1/models, /v1/completions and /v1/chat/completions (streaming or not) and
+/metrics in that engine's exact metric dialect. One engine loop steps the core and sleeps for
+each step's emulated duration; tokens reach the waiting requests as they are emitted.
+
+Requests may carry `"task"` (chat | code | summarize | math | creative) to pick the
+acceptance curve; otherwise the server's --task applies. Prompt tokens are counted as
+whitespace-separated words; the text is filler: this engine has no model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from specpilot.runtime.emulator.acceptance import TASKS
+from specpilot.runtime.emulator.calibration import performance
+from specpilot.runtime.emulator.core import DEFAULT_MAX_NUM_SEQS, EngineCore, Request
+from specpilot.runtime.emulator.exposition import Exposition, exposition_for
+from specpilot.runtime.engines import get_adapter
+from specpilot.runtime.engines.base import find_flags, parse_int_flag
+from specpilot.tuner.spec_config import ConfigError, SpecConfig
+
+FILLER = "the model speculates and verifies tokens in one pass while the batch grows".split()
+# Seconds a real engine takes to load weights and warm up, per profile parameter count; an
+# assumption for the default (tests shorten it): 8B-class models start in about a minute.
+LOAD_SECONDS_PER_BILLION_PARAMS = 7.5
+
+_LAUNCH_FLAGS = {
+    "--model": "model",
+    "--model-path": "model",
+    "--served-model-name": "served",
+    "--host": "host",
+    "--port": "port",
+    "--max-num-seqs": "max_seqs",
+    "--max-running-requests": "max_seqs",
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EmulatorSettings:
+    engine: str
+    config: SpecConfig
+    model_name: str
+    host: str
+    port: int
+    max_num_seqs: int
+    gpu: str
+    model_profile: str
+    load_delay_s: float
+    default_task: str
+    seed: int
+
+
+def parse_settings(argv: Sequence[str]) -> EmulatorSettings:
+    """Split SpecPilot's own flags from the engine's command line and read both."""
+    own = argparse.ArgumentParser(prog="specpilot emulate", allow_abbrev=False)
+    own.add_argument("--engine", choices=["vllm", "sglang"], default="vllm")
+    own.add_argument("--gpu", default="H100")
+    own.add_argument("--model-profile", default="llama-3.1-8b")
+    own.add_argument("--load-delay", type=float, default=None, help="seconds before serving")
+    own.add_argument("--task", default="chat", choices=TASKS)
+    own.add_argument("--seed", type=int, default=0)
+    ns, engine_args = own.parse_known_args(list(argv))
+    config = get_adapter(ns.engine).parse(engine_args)
+    found = find_flags(engine_args, _LAUNCH_FLAGS)
+    model = found["model"].value if "model" in found else None
+    if not model:
+        flag = "--model" if ns.engine == "vllm" else "--model-path"
+        raise ConfigError(flag, None, "the served model's path or name")
+    served = found["served"].value if "served" in found else model
+    perf = performance(ns.gpu, ns.model_profile)  # validates both names
+    load_delay = ns.load_delay
+    if load_delay is None:
+        load_delay = LOAD_SECONDS_PER_BILLION_PARAMS * perf.profile.params / 1e9
+    return EmulatorSettings(
+        engine=ns.engine,
+        config=config,
+        model_name=served or model,
+        host=(found["host"].value if "host" in found else None) or "0.0.0.0",
+        port=parse_int_flag(found.get("port")) or (8000 if ns.engine == "vllm" else 30000),
+        max_num_seqs=parse_int_flag(found.get("max_seqs")) or DEFAULT_MAX_NUM_SEQS,
+        gpu=ns.gpu,
+        model_profile=ns.model_profile,
+        load_delay_s=load_delay,
+        default_task=ns.task,
+        seed=ns.seed,
+    )
+
+
+@dataclass(eq=False)
+class _Pending:
+    request: Request
+    streaming: bool
+    tokens: asyncio.Queue[int | None] = field(default_factory=asyncio.Queue)
+
+
+class EmulatedEngine:
+    """Steps the core in real time and hands emitted tokens to waiting HTTP handlers."""
+
+    def __init__(self, settings: EmulatorSettings) -> None:
+        self.settings = settings
+        self.core = EngineCore(
+            config=settings.config,
+            performance=performance(settings.gpu, settings.model_profile),
+            max_num_seqs=settings.max_num_seqs,
+            seed=settings.seed,
+        )
+        self.exposition: Exposition = exposition_for(settings.engine, settings.model_name)
+        self._pending: dict[str, _Pending] = {}
+        self._wake = asyncio.Event()
+        self._ids = itertools.count(1)
+        self._clock_origin = time.monotonic()
+
+    def now(self) -> float:
+        return time.monotonic() - self._clock_origin
+
+    def submit(self, task: str, prompt_tokens: int, max_tokens: int, streaming: bool) -> _Pending:
+        request = Request(
+            request_id=f"req-{next(self._ids)}",
+            task=task,
+            prompt_tokens=max(prompt_tokens, 1),
+            max_tokens=max(max_tokens, 1),
+            arrival_s=self.now(),
+        )
+        pending = _Pending(request, streaming)
+        self._pending[request.request_id] = pending
+        self.core.add_request(request)
+        self._wake.set()
+        return pending
+
+    async def run(self) -> None:
+        while True:
+            outcome = self.core.step(self.now())
+            if outcome is None:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            # Sleep to the step's emulated end; lateness of the event loop is absorbed by
+            # starting the next step from the real clock.
+            await asyncio.sleep(max(0.0, outcome.start_s + outcome.duration_s - self.now()))
+            self.exposition.record_step(outcome, self.core)
+            for request_id, tokens in outcome.emitted.items():
+                pending = self._pending.get(request_id)
+                if pending is not None:
+                    pending.tokens.put_nowait(tokens)
+            for request in outcome.finished:
+                pending = self._pending.pop(request.request_id, None)
+                self.exposition.record_finished(request, pending.streaming if pending else False)
+                if pending is not None:
+                    pending.tokens.put_nowait(None)
+
+
+def _words(count: int, offset: int) -> str:
+    return " ".join(FILLER[(offset + i) % len(FILLER)] for i in range(count))
+
+
+def _prompt_tokens(body: dict[str, Any], chat: bool) -> int:
+    if chat:
+        messages = body.get("messages") or []
+        return sum(len(str(m.get("content", "")).split()) + 4 for m in messages)
+    prompt = body.get("prompt", "")
+    if isinstance(prompt, list):
+        prompt = " ".join(str(p) for p in prompt)
+    return len(str(prompt).split())
+
+
+def build_app(engine: EmulatedEngine) -> web.Application:
+    settings = engine.settings
+
+    async def health(_: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    async def models(_: web.Request) -> web.Response:
+        entry = {"id": settings.model_name, "object": "model", "owned_by": "specpilot-emulator"}
+        return web.json_response({"object": "list", "data": [entry]})
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(
+            body=engine.exposition.render(),
+            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
+        )
+
+    async def generate(http: web.Request, chat: bool) -> web.StreamResponse:
+        try:
+            body = await http.json()
+        except json.JSONDecodeError:
+            return _error(400, "request body is not JSON")
+        if not isinstance(body, dict):
+            return _error(400, "request body must be a JSON object")
+        if body.get("model") not in (None, settings.model_name):
+            return _error(
+                404, f"model {body.get('model')!r} does not exist; served: {settings.model_name!r}"
+            )
+        task = body.get("task", settings.default_task)
+        if task not in TASKS:
+            return _error(400, f"task={task!r} is invalid: allowed {' | '.join(TASKS)}")
+        max_tokens = body.get("max_tokens", body.get("max_completion_tokens", 256 if chat else 16))
+        if not isinstance(max_tokens, int) or max_tokens < 1:
+            return _error(400, f"max_tokens={max_tokens!r} is invalid: allowed an integer >= 1")
+        prompt_tokens = _prompt_tokens(body, chat)
+        streaming = bool(body.get("stream", False))
+        pending = engine.submit(task, prompt_tokens, max_tokens, streaming)
+        created = int(time.time())
+        kind = "chat.completion" if chat else "text_completion"
+        request_id = ("chatcmpl-" if chat else "cmpl-") + pending.request.request_id
+        if streaming:
+            return await _stream(http, pending, chat, request_id, created, settings.model_name)
+        produced = 0
+        while (tokens := await pending.tokens.get()) is not None:
+            produced += tokens
+        text = _words(produced, 0)
+        choice: dict[str, Any] = {"index": 0, "finish_reason": "length", "logprobs": None}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": produced,
+            "total_tokens": prompt_tokens + produced,
+        }
+        return web.json_response(
+            {
+                "id": request_id,
+                "object": kind,
+                "created": created,
+                "model": settings.model_name,
+                "choices": [choice],
+                "usage": usage,
+            }
+        )
+
+    async def completions(http: web.Request) -> web.StreamResponse:
+        return await generate(http, chat=False)
+
+    async def chat_completions(http: web.Request) -> web.StreamResponse:
+        return await generate(http, chat=True)
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    return app
+
+
+async def _stream(
+    http: web.Request, pending: _Pending, chat: bool, request_id: str, created: int, model: str
+) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(http)
+    kind = "chat.completion.chunk" if chat else "text_completion"
+    produced = 0
+    while (tokens := await pending.tokens.get()) is not None:
+        text = (" " if produced else "") + _words(tokens, produced)
+        produced += tokens
+        delta: dict[str, Any] = {"index": 0, "finish_reason": None}
+        if chat:
+            delta["delta"] = {"content": text}
+        else:
+            delta["text"] = text
+        chunk = {
+            "id": request_id,
+            "object": kind,
+            "created": created,
+            "model": model,
+            "choices": [delta],
+        }
+        await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+    last: dict[str, Any] = {"index": 0, "finish_reason": "length"}
+    last["delta" if chat else "text"] = {} if chat else ""
+    final = {
+        "id": request_id,
+        "object": kind,
+        "created": created,
+        "model": model,
+        "choices": [last],
+    }
+    await response.write(f"data: {json.dumps(final)}\n\ndata: [DONE]\n\n".encode())
+    await response.write_eof()
+    return response
+
+
+def _error(status: int, message: str) -> web.Response:
+    body = {"error": {"message": message, "type": "BadRequestError", "code": status}}
+    return web.json_response(body, status=status)
+
+
+async def serve(settings: EmulatorSettings) -> None:
+    await asyncio.sleep(settings.load_delay_s)  # a real engine opens no port while loading
+    engine = EmulatedEngine(settings)
+    runner = web.AppRunner(build_app(engine), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, settings.host, settings.port)
+    await site.start()
+    print(
+        f"specpilot emulator ({settings.engine}, {settings.gpu} x {settings.model_profile}, "
+        f"{settings.config.describe()}) serving {settings.model_name} on "
+        f"http://{settings.host}:{settings.port}",
+        flush=True,
+    )
+    try:
+        await engine.run()
+    finally:
+        await runner.cleanup()
