@@ -1,5 +1,5 @@
 """The `specpilot` command. Subcommands present so far: render, parse, observe, simulate,
-emulate.
+emulate, probe.
 
 Contract: a mistake in the user's input (a bad config, an unknown engine, unreachable metrics)
 prints one `error: ...` line naming the field and the allowed values and exits 2; no traceback.
@@ -24,6 +24,7 @@ from specpilot.runtime.engines import ADAPTERS, LaunchSettings, get_adapter
 from specpilot.runtime.metrics import observe, observe_per_pod
 from specpilot.runtime.promql import PromQLError, PromQLReader
 from specpilot.runtime.scrape import ScrapeError, Snapshot, fetch_snapshot, window_stats
+from specpilot.tuner.hardware import PROFILES, get_profile
 from specpilot.tuner.spec_config import ConfigError, SpecConfig
 
 
@@ -80,6 +81,16 @@ def _observe(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _probe(ns: argparse.Namespace) -> int:
+    from specpilot.runtime.probe import run_probe
+
+    result = run_probe(
+        get_profile(ns.model_profile), device=ns.device, max_seconds=ns.max_seconds, seed=ns.seed
+    )
+    print(json.dumps(result.to_dict(), indent=None if ns.json else 2))
+    return 0
+
+
 def _emulate(argv: Sequence[str]) -> int:
     from specpilot.runtime.emulator.server import parse_settings, serve
 
@@ -132,6 +143,16 @@ def build_parser() -> argparse.ArgumentParser:
         add_help=False,
     )
     emulate.add_argument("argv", nargs=argparse.REMAINDER)
+
+    probe = sub.add_parser(
+        "probe", help="measure this device's step time with torch and fit t = a + b*tokens + c*kv"
+    )
+    probe.add_argument("--model-profile", default="llama-3.1-8b", help=" | ".join(PROFILES))
+    probe.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    probe.add_argument("--max-seconds", type=float, default=90.0, help="time budget")
+    probe.add_argument("--seed", type=int, default=0)
+    probe.add_argument("--json", action="store_true", help="compact JSON on one line")
+    probe.set_defaults(run=_probe)
     emulate.set_defaults(run=lambda ns: _emulate(ns.argv))
     return parser
 

@@ -6,11 +6,11 @@ import argparse
 import json
 from typing import Any, cast
 
-from specpilot.runtime.emulator.calibration import performance
 from specpilot.runtime.emulator.simulate import TASK_SHAPES, simulate
 from specpilot.runtime.engines import get_adapter
-from specpilot.runtime.hardware import GPUS, PROFILES
+from specpilot.tuner.hardware import GPUS, PROFILES
 from specpilot.tuner.spec_config import DRAFT_WEIGHT_METHODS, ConfigError, SpecConfig, SpecMethod
+from specpilot.tuner.step_cost import StepCost
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -53,7 +53,7 @@ def run(ns: argparse.Namespace) -> int:
             method=cast(SpecMethod, ns.method), num_speculative_tokens=ns.k, draft_model=draft
         )
     get_adapter(ns.engine).check(config)
-    perf = performance(ns.gpu, ns.model_profile)
+    perf = StepCost.for_hardware(ns.gpu, ns.model_profile)
     if (ns.concurrency is None) == (ns.rps is None):
         raise ConfigError("--concurrency/--rps", None, "exactly one of them")
     loads: list[tuple[str, Any]] = (

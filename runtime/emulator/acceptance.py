@@ -1,8 +1,7 @@
 """Acceptance: how many drafted tokens the target keeps, per method x task, drawn per step.
 
-Contract: position i (1-based) of a K-token draft is accepted, given positions 1..i-1 were,
-with probability q_i = min(1, p x r^(i-1)). A step's accepted count is drawn from that chain;
-the expected acceptance length (bonus token included) is 1 + sum_i prod_{j<=i} q_j.
+Contract: the chain model of `specpilot.tuner.acceptance` (q_i = min(1, p x r^(i-1))), with a
+(p, r) per method x task that the emulator treats as ground truth.
 
 Calibration (REFERENCE.md section 5; `bench/calibration.py` checks every anchored number):
 - eagle3 chat: (p, r) least-squares fitted to vLLM's EAGLE-3 MT-bench lengths for K=2..7
@@ -26,11 +25,10 @@ Calibration (REFERENCE.md section 5; `bench/calibration.py` checks every anchore
 
 from __future__ import annotations
 
-import random
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Literal, get_args
 
+from specpilot.tuner.acceptance import AcceptanceCurve
 from specpilot.tuner.spec_config import ConfigError
 
 Task = Literal["chat", "code", "summarize", "math", "creative"]
@@ -38,37 +36,6 @@ TASKS: tuple[str, ...] = get_args(Task)
 
 EAGLE3_DECAY = 0.973
 _CREATIVE_OVER_CHAT = 0.694 / ((0.826 + 0.750) / 2)
-
-
-@dataclass(frozen=True, slots=True)
-class AcceptanceCurve:
-    """Conditional acceptance q_i = min(1, p * r^(i-1)) along a draft."""
-
-    p: float
-    r: float = 1.0
-    anchored: bool = True
-    """False where no published number backs this method x task."""
-
-    def conditional(self, position: int) -> float:
-        return min(1.0, self.p * self.r ** (position - 1))
-
-    def expected_accepted(self, k: int) -> float:
-        total, survive = 0.0, 1.0
-        for position in range(1, k + 1):
-            survive *= self.conditional(position)
-            total += survive
-        return total
-
-    def expected_length(self, k: int) -> float:
-        """Mean tokens per drafted step, the bonus token included."""
-        return 1.0 + self.expected_accepted(k)
-
-    def draw(self, rng: random.Random, k: int) -> int:
-        """Accepted tokens of one K-token draft."""
-        for position in range(1, k + 1):
-            if rng.random() >= self.conditional(position):
-                return position - 1
-        return k
 
 
 def _by_task(

@@ -14,10 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from specpilot.runtime.emulator.acceptance import acceptance_curve
-from specpilot.runtime.emulator.performance import EnginePerformance
 from specpilot.runtime.emulator.simulate import simulate
-from specpilot.runtime.hardware import StepTimeModel, get_gpu, get_profile
 from specpilot.tuner.spec_config import SpecConfig, SpecMethod
+from specpilot.tuner.step_cost import StepCost
 
 TOLERANCE = 0.15
 KNOWN_GAPS = {
@@ -51,11 +50,6 @@ class Row:
         }
 
 
-def performance(gpu: str, profile: str) -> EnginePerformance:
-    g, p = get_gpu(gpu), get_profile(profile)
-    return EnginePerformance(step_model=StepTimeModel.roofline(g, p), profile=p, gpu=g)
-
-
 def _config(method: SpecMethod, k: int) -> SpecConfig:
     draft = "draft" if method in ("draft_model", "eagle", "eagle3", "dflash") else None
     return SpecConfig(method=method, num_speculative_tokens=k, draft_model=draft)
@@ -65,7 +59,7 @@ def _measured_length(method: SpecMethod, k: int, task: str) -> float:
     """Acceptance length measured by running the engine at batch 1 (draws, not the formula)."""
     result = simulate(
         config=_config(method, k),
-        performance=performance("H100", "llama-3.1-8b"),
+        performance=StepCost.for_hardware("H100", "llama-3.1-8b"),
         task=task,
         concurrency=1,
         duration_s=120.0,
@@ -79,7 +73,7 @@ def _measured_length(method: SpecMethod, k: int, task: str) -> float:
 def _throughput(gpu: str, profile: str, config: SpecConfig, concurrency: int) -> float:
     return simulate(
         config=config,
-        performance=performance(gpu, profile),
+        performance=StepCost.for_hardware(gpu, profile),
         concurrency=concurrency,
         duration_s=90.0,
         warmup_s=10.0,

@@ -19,9 +19,10 @@ import random
 from collections import deque
 from dataclasses import dataclass, field
 
-from specpilot.runtime.emulator.acceptance import AcceptanceCurve, acceptance_curve
-from specpilot.runtime.emulator.performance import EnginePerformance
+from specpilot.runtime.emulator.acceptance import acceptance_curve
+from specpilot.tuner.acceptance import AcceptanceCurve
 from specpilot.tuner.spec_config import SpecConfig
+from specpilot.tuner.step_cost import StepCost
 
 DEFAULT_MAX_NUM_SEQS = 256
 DEFAULT_MAX_BATCHED_TOKENS = 8192
@@ -80,7 +81,7 @@ class EngineCore:
         self,
         *,
         config: SpecConfig,
-        performance: EnginePerformance,
+        performance: StepCost,
         max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
         max_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS,
         kv_capacity_tokens: int | None = None,
@@ -207,7 +208,7 @@ class EngineCore:
         return preempted
 
 
-def default_kv_capacity(performance: EnginePerformance) -> int:
+def default_kv_capacity(performance: StepCost) -> int:
     """KV tokens that fit beside the weights at vLLM's default memory utilisation."""
     profile, gpu = performance.profile, performance.gpu
     free = gpu.memory_bytes * GPU_MEMORY_UTILIZATION - profile.params * profile.bytes_per_param

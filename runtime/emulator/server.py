@@ -26,12 +26,12 @@ from typing import Any
 from aiohttp import web
 
 from specpilot.runtime.emulator.acceptance import TASKS
-from specpilot.runtime.emulator.calibration import performance
 from specpilot.runtime.emulator.core import DEFAULT_MAX_NUM_SEQS, EngineCore, Request
 from specpilot.runtime.emulator.exposition import Exposition, exposition_for
 from specpilot.runtime.engines import get_adapter
 from specpilot.runtime.engines.base import find_flags, parse_int_flag
 from specpilot.tuner.spec_config import ConfigError, SpecConfig
+from specpilot.tuner.step_cost import StepCost
 
 FILLER = "the model speculates and verifies tokens in one pass while the batch grows".split()
 # Seconds a real engine takes to load weights and warm up, per profile parameter count; an
@@ -81,7 +81,7 @@ def parse_settings(argv: Sequence[str]) -> EmulatorSettings:
         flag = "--model" if ns.engine == "vllm" else "--model-path"
         raise ConfigError(flag, None, "the served model's path or name")
     served = found["served"].value if "served" in found else model
-    perf = performance(ns.gpu, ns.model_profile)  # validates both names
+    perf = StepCost.for_hardware(ns.gpu, ns.model_profile)  # validates both names
     load_delay = ns.load_delay
     if load_delay is None:
         load_delay = LOAD_SECONDS_PER_BILLION_PARAMS * perf.profile.params / 1e9
@@ -114,7 +114,7 @@ class EmulatedEngine:
         self.settings = settings
         self.core = EngineCore(
             config=settings.config,
-            performance=performance(settings.gpu, settings.model_profile),
+            performance=StepCost.for_hardware(settings.gpu, settings.model_profile),
             max_num_seqs=settings.max_num_seqs,
             seed=settings.seed,
         )

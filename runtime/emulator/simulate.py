@@ -14,8 +14,8 @@ import statistics
 from dataclasses import dataclass
 
 from specpilot.runtime.emulator.core import EngineCore, Request
-from specpilot.runtime.emulator.performance import EnginePerformance
 from specpilot.tuner.spec_config import ConfigError, SpecConfig
+from specpilot.tuner.step_cost import StepCost
 
 # Typical request shapes per task (prompt, output tokens); drawn +-50% around these. These are
 # workload assumptions of the emulator, not measurements.
@@ -73,7 +73,7 @@ class _RequestFactory:
 def simulate(
     *,
     config: SpecConfig,
-    performance: EnginePerformance,
+    performance: StepCost,
     task: str = "chat",
     concurrency: int | None = None,
     rps: float | None = None,

@@ -10,13 +10,13 @@ from specpilot.runtime.emulator.calibration import (
     TOLERANCE,
     calibration_rows,
     crossover,
-    performance,
 )
 from specpilot.runtime.emulator.core import EngineCore, Request
 from specpilot.runtime.emulator.simulate import simulate
 from specpilot.tuner import SpecConfig
+from specpilot.tuner.step_cost import StepCost
 
-H100_8B = performance("H100", "llama-3.1-8b")
+H100_8B = StepCost.for_hardware("H100", "llama-3.1-8b")
 EAGLE3_K3 = SpecConfig(method="eagle3", num_speculative_tokens=3, draft_model="d")
 
 

@@ -59,6 +59,7 @@ class ModelProfile:
     """Parameters each token computes with (equal to params for dense models)."""
     bytes_per_param: float
     layers: int
+    attention_heads: int
     kv_heads: int
     head_dim: int
     hidden_size: int
@@ -106,6 +107,7 @@ PROFILES: dict[str, ModelProfile] = {
             active_params=8.03e9,
             bytes_per_param=2,
             layers=32,
+            attention_heads=32,
             kv_heads=8,
             head_dim=128,
             hidden_size=4096,
@@ -117,6 +119,7 @@ PROFILES: dict[str, ModelProfile] = {
             active_params=70.6e9,
             bytes_per_param=2,
             layers=80,
+            attention_heads=64,
             kv_heads=8,
             head_dim=128,
             hidden_size=8192,
@@ -128,6 +131,7 @@ PROFILES: dict[str, ModelProfile] = {
             active_params=8.19e9,
             bytes_per_param=2,
             layers=36,
+            attention_heads=32,
             kv_heads=8,
             head_dim=128,
             hidden_size=4096,
@@ -140,6 +144,7 @@ PROFILES: dict[str, ModelProfile] = {
             active_params=3.3e9,
             bytes_per_param=2,
             layers=48,
+            attention_heads=32,
             kv_heads=4,
             head_dim=128,
             hidden_size=2048,

@@ -1,6 +1,6 @@
 """Time of one speculative engine step: target verification plus the method's drafting.
 
-Contract: `EnginePerformance.step_time(decode_batch, k, prefill_tokens, kv_tokens)` is the
+Contract: `StepCost.step_time(method, decode_batch, k, prefill_tokens, kv_tokens)` is the
 seconds of one step that verifies K+1 tokens for each of `decode_batch` requests, prefills
 `prefill_tokens` and attends `kv_tokens`; drafting cost per method:
 - ngram / suffix: 0 (a CPU-side lookup overlapped with the GPU step);
@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from specpilot.runtime.hardware import Gpu, ModelProfile, StepTimeModel
+from specpilot.tuner.hardware import Gpu, ModelProfile, StepTimeModel, get_gpu, get_profile
 
 DRAFT_MODEL_FRACTION = 0.15
 DFLASH_LAYERS = 5
@@ -41,10 +41,16 @@ def spec_path_overhead(batch: int) -> float:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class EnginePerformance:
+class StepCost:
     step_model: StepTimeModel
     profile: ModelProfile
     gpu: Gpu
+
+    @classmethod
+    def for_hardware(cls, gpu: str, profile: str) -> StepCost:
+        """The roofline cost model of a catalog GPU running a catalog model profile."""
+        g, p = get_gpu(gpu), get_profile(profile)
+        return cls(step_model=StepTimeModel.roofline(g, p), profile=p, gpu=g)
 
     def draft_fraction(self, method: str) -> float:
         """Share of the target's weights one drafting pass streams."""
