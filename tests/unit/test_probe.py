@@ -33,6 +33,7 @@ TINY = ModelProfile(
     active_params=4 * TINY_LAYER + 2 * 1000 * 512,
     bytes_per_param=2,
     layers=4,
+    attention_heads=8,
     kv_heads=2,
     head_dim=64,
     hidden_size=512,
