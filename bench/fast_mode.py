@@ -10,9 +10,9 @@ import platform
 import time
 from pathlib import Path
 
-from specpilot.runtime.emulator.calibration import performance
 from specpilot.runtime.emulator.simulate import simulate
 from specpilot.tuner import SpecConfig
+from specpilot.tuner.step_cost import StepCost
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -26,7 +26,7 @@ def main() -> None:
         started = time.perf_counter()
         result = simulate(
             config=config,
-            performance=performance("H100", "llama-3.1-8b"),
+            performance=StepCost.for_hardware("H100", "llama-3.1-8b"),
             rps=20.0,
             duration_s=3600.0,
             warmup_s=60.0,
