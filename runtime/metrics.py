@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import Literal
 
+from specpilot.tuner.observation import Observation
 from specpilot.tuner.spec_config import ConfigError
 
 MetricKind = Literal["counter", "gauge", "histogram"]
@@ -92,45 +93,6 @@ class WindowStats:
     """Key -> cumulative bucket upper bound (`le`, +inf included) -> increase."""
     accepted_per_position: Mapping[int, float] = field(default_factory=dict)
     counter_resets: int = 0
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Observation:
-    """What one engine (or a set of pods) did over one window. None means unknown."""
-
-    engine: str
-    window_s: float
-    pods: tuple[str, ...]
-    acceptance_length: float | None
-    acceptance_rate: float | None
-    acceptance_per_position: tuple[float, ...] | None
-    running_requests: float | None
-    waiting_requests: float | None
-    kv_cache_usage: float | None
-    generation_tokens_per_s: float | None
-    tpot_p50_s: float | None
-    tpot_p95_s: float | None
-    ttft_p95_s: float | None
-    counter_resets: int = 0
-
-    @property
-    def engines(self) -> int:
-        """How many pods / engine processes this observation covers."""
-        return len(self.pods)
-
-    @property
-    def unknown(self) -> tuple[str, ...]:
-        """Names of the quantities that could not be computed for this window."""
-        return tuple(f.name for f in fields(self) if getattr(self, f.name) is None)
-
-    def to_dict(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
-        out["pods"] = list(self.pods)
-        if self.acceptance_per_position is not None:
-            out["acceptance_per_position"] = list(self.acceptance_per_position)
-        out["engines"] = self.engines
-        out["unknown"] = list(self.unknown)
-        return out
 
 
 def observe(engine: str, stats: Sequence[WindowStats]) -> Observation:

@@ -1,0 +1,164 @@
+"""Tuner properties: stays in its space, honours dwell, budget and SLO, holds on unknown
+metrics, learns acceptance, keeps its state small, and finds the regime on the physics."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specpilot.tuner.acceptance import AcceptanceCurve
+from specpilot.tuner.observation import Observation
+from specpilot.tuner.policy import TunerSettings, decide
+from specpilot.tuner.schedule import synthesize_schedule
+from specpilot.tuner.spec_config import SpecConfig
+from specpilot.tuner.state import TunerState
+from specpilot.tuner.step_cost import StepCost
+from specpilot.tuner.surrogate import Surrogate
+
+COST = StepCost.for_hardware("H100", "llama-3.1-8b")
+PRIORS = {"eagle3": AcceptanceCurve(0.775, 0.973), "ngram": AcceptanceCurve(0.2853, 1.0)}
+CANDIDATES = (
+    SpecConfig(),
+    *(SpecConfig(method="eagle3", num_speculative_tokens=k, draft_model="d") for k in (1, 3, 5)),
+    SpecConfig(method="ngram", num_speculative_tokens=3),
+)
+
+
+def observation(batch: float | None, tok_s: float | None, length: float | None) -> Observation:
+    return Observation(
+        engine="vllm",
+        window_s=30.0,
+        pods=("p",),
+        acceptance_length=length,
+        acceptance_rate=None,
+        acceptance_per_position=None,
+        running_requests=batch,
+        waiting_requests=0.0,
+        kv_cache_usage=None,
+        generation_tokens_per_s=tok_s,
+        tpot_p50_s=None,
+        tpot_p95_s=None,
+        ttft_p95_s=None,
+    )
+
+
+def physics_observation(config: SpecConfig, batch: float) -> Observation:
+    """What the prior itself predicts: a world where the physics is exactly right."""
+    curves = dict(PRIORS)
+    prediction = Surrogate(COST, curves).prior(config, batch, 1024.0)
+    curve = curves.get(config.method)
+    length = curve.expected_length(prediction.k) if curve and prediction.k else None
+    return observation(batch, prediction.tokens_per_s, length)
+
+
+def in_space(config: SpecConfig) -> bool:
+    if config in CANDIDATES:
+        return True
+    base = SpecConfig.from_dict({**config.to_dict(), "schedule": None})
+    same_method = [c for c in CANDIDATES if c.method == config.method]
+    return config.schedule is not None and any(
+        base.draft_model == c.draft_model for c in same_method
+    )
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.floats(0.5, 400),
+            st.floats(0.1, 3.0),
+            st.floats(1.0, 6.0) | st.none(),
+            st.floats(1, 900),
+        ),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_never_leaves_space_and_respects_dwell_and_budget(ticks: list) -> None:
+    tuning = TunerSettings(candidates=CANDIDATES, min_dwell_s=120.0, restart_budget_per_hour=2)
+    state = TunerState.initial(SpecConfig(), 0.0, PRIORS)
+    now, switches = 0.0, []
+    for batch, scale, length, step in ticks:
+        now += step
+        truth = physics_observation(state.current, batch)
+        assert truth.generation_tokens_per_s is not None
+        obs = observation(batch, truth.generation_tokens_per_s * scale, length)
+        before = state
+        decision, state = decide(obs, state, tuning, COST, now)
+        assert in_space(decision.config) and decision.reason
+        if decision.action == "stay":
+            assert state.current == before.current and decision.config == before.current
+        else:
+            assert now - before.since_s >= tuning.min_dwell_s
+            switches.append(now)
+            assert state.current == decision.config and state.since_s == now
+    for t in switches:
+        assert len([s for s in switches if t - 3600 < s <= t]) <= 2
+
+
+def test_holds_when_metrics_are_unknown() -> None:
+    state = TunerState.initial(SpecConfig(), 0.0, PRIORS)
+    tuning = TunerSettings(candidates=CANDIDATES, min_dwell_s=0)
+    for obs in (
+        observation(None, 100.0, 2.0),
+        observation(4.0, None, 2.0),
+        observation(0.0, 0.0, None),
+    ):
+        decision, after = decide(obs, state, tuning, COST, 1000.0)
+        assert decision.action == "stay" and "holding" in decision.reason and after == state
+
+
+def test_slo_excludes_slow_configs() -> None:
+    tuning = TunerSettings(candidates=CANDIDATES, min_dwell_s=0, slo_tpot_p95_s=0.004)
+    state = TunerState.initial(SpecConfig(), 0.0, PRIORS)
+    decision, _ = decide(physics_observation(SpecConfig(), 2.0), state, tuning, COST, 1000.0)
+    prediction = Surrogate(COST, dict(PRIORS)).prior(decision.config, 2.0, 1024.0)
+    assert decision.action == "switch" and prediction.tpot_s <= 0.004
+
+
+def test_finds_the_regime_on_exact_physics() -> None:
+    tuning = TunerSettings(
+        candidates=CANDIDATES, min_dwell_s=0, synthesize_schedules=False, exploration=0.0
+    )
+    state = TunerState.initial(SpecConfig(), 0.0, PRIORS)
+    low, state = decide(physics_observation(state.current, 2.0), state, tuning, COST, 1000.0)
+    assert low.action == "switch" and low.config.method == "eagle3" and low.regime == "memory-bound"
+    state = TunerState.initial(low.config, 2000.0, PRIORS)
+    high, _ = decide(physics_observation(low.config, 512.0), state, tuning, COST, 4000.0)
+    assert high.config.max_k < low.config.max_k  # compute-bound: verify fewer tokens
+    assert high.regime == "compute-bound"
+
+
+def test_learns_acceptance_of_the_running_method() -> None:
+    config = SpecConfig(method="eagle3", num_speculative_tokens=3, draft_model="d")
+    state = TunerState.initial(config, 0.0, PRIORS)
+    tuning = TunerSettings(candidates=CANDIDATES, min_dwell_s=10_000)
+    for tick in range(20):
+        _, state = decide(observation(4.0, 600.0, 1.6), state, tuning, COST, 100.0 * tick)
+    learned = state.acceptance_curves()["eagle3"].expected_length(3)
+    assert abs(learned - 1.6) < 0.05  # the prior said 2.79; the engine says 1.6
+
+
+def test_state_round_trips_and_stays_small() -> None:
+    state = TunerState.initial(SpecConfig(), 0.0, PRIORS)
+    tuning = TunerSettings(candidates=CANDIDATES, min_dwell_s=0, restart_budget_per_hour=1000)
+    for tick in range(1000):
+        batch = 1 + (tick * 37) % 300
+        _, state = decide(
+            physics_observation(state.current, batch), state, tuning, COST, 60.0 * tick
+        )
+    text = state.to_json()
+    assert len(text.encode()) < 64 * 1024
+    assert TunerState.from_json(text) == state
+    json.loads(text)
+
+
+def test_synthesised_schedule_drafts_less_as_batch_grows() -> None:
+    config = SpecConfig(method="eagle3", num_speculative_tokens=7, draft_model="d")
+    schedule = synthesize_schedule(config, PRIORS["eagle3"], COST)
+    assert schedule is not None and schedule[0][0] == 1
+    ks = [k for _, _, k in schedule]
+    assert ks == sorted(ks, reverse=True) and ks[0] > ks[-1]
+    SpecConfig(method="eagle3", num_speculative_tokens=max(ks), draft_model="d", schedule=schedule)

@@ -1,0 +1,213 @@
+"""The policy: each tick, stay or switch (method, K, schedule, or speculation off).
+
+Contract: `decide(observation, state, settings, cost, now)` is pure: it returns a `Decision`
+and the next `TunerState`, and reads no clock (time is `now`, seconds). It
+- holds when the observation lacks the load or throughput it needs (never guesses);
+- learns from the running config: its method's acceptance (blended into the estimate), the
+  hardware step-time factor, and the residual of measured over prior throughput;
+- scores every candidate at the current load with the surrogate, drops those predicted to
+  break the SLO (per-token latency p95, via the predicted TPOT), and switches only when the
+  predicted gain over the expected dwell beats the restart cost plus hysteresis, after the
+  minimum dwell and within the restart budget;
+- explores (UCB) only a candidate whose pessimistic prediction is within `max_downside` of the
+  current config.
+Every decision carries a one-line reason, the predicted gain and the regime.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from specpilot.tuner.acceptance import AcceptanceCurve
+from specpilot.tuner.observation import Observation
+from specpilot.tuner.schedule import synthesize_schedule
+from specpilot.tuner.spec_config import SpecConfig
+from specpilot.tuner.state import TunerState
+from specpilot.tuner.step_cost import StepCost
+from specpilot.tuner.surrogate import Prediction, Surrogate
+
+Action = Literal["stay", "switch", "off"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TunerSettings:
+    candidates: tuple[SpecConfig, ...]
+    """The space: every allowed config (static K), already filtered by engine capability."""
+    synthesize_schedules: bool = True
+    """Also consider, per method, its largest K with a schedule synthesised from the model."""
+    min_dwell_s: float = 300.0
+    restart_budget_per_hour: int = 4
+    restart_downtime_s: float = 60.0
+    """Capacity lost per switch: a restart (or a rollout's surge) costs this much serving."""
+    expected_dwell_s: float = 900.0
+    """Horizon the gain of a switch is counted over."""
+    hysteresis: float = 0.05
+    """Minimum relative gain to act on, whatever the cost."""
+    slo_tpot_p95_s: float | None = None
+    max_downside: float = 0.05
+    exploration: float = 1.0
+    """UCB weight on the surrogate's uncertainty (0 disables exploration)."""
+    context_tokens: float = 1024.0
+    """Mean context per running request when the engine does not report it."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Decision:
+    action: Action
+    config: SpecConfig
+    reason: str
+    predicted_gain: float
+    """Relative throughput gain predicted for `config` over the running one (0 when staying)."""
+    regime: str
+    predicted_tokens_per_s: float | None = None
+
+
+def decide(
+    observation: Observation,
+    state: TunerState,
+    settings: TunerSettings,
+    cost: StepCost,
+    now: float,
+) -> tuple[Decision, TunerState]:
+    current = state.current
+    batch = observation.running_requests
+    throughput = observation.generation_tokens_per_s
+    if batch is None or throughput is None or batch <= 0 or throughput <= 0:
+        reason = (
+            "holding: "
+            + ", ".join(
+                name
+                for name, value in (("batch", batch), ("throughput", throughput))
+                if value is None or value <= 0
+            )
+            + " unknown or idle in this window"
+        )
+        return Decision(
+            action="stay", config=current, reason=reason, predicted_gain=0.0, regime="unknown"
+        ), state
+
+    state = state.learn_acceptance(current, observation, now)
+    acceptance = state.acceptance_curves()
+    prior = Surrogate(cost, acceptance).prior(current, batch, settings.context_tokens)
+    state = state.learn_throughput(current, batch, throughput / prior.tokens_per_s)
+    surrogate = Surrogate(
+        cost, acceptance, step_factor=state.step_factor, residuals=state.residual_points()
+    )
+
+    scored = _score(surrogate, _space(settings, acceptance, cost), batch, settings)
+    now_pred = surrogate.predict(current, batch, settings.context_tokens)
+    regime = now_pred.regime
+    best_config, best = max(scored, key=lambda item: item[1].tokens_per_s)
+    gain = best.tokens_per_s / now_pred.tokens_per_s - 1.0
+
+    def stay(reason: str) -> tuple[Decision, TunerState]:
+        return Decision(
+            action="stay",
+            config=current,
+            reason=reason,
+            predicted_gain=0.0,
+            regime=regime,
+            predicted_tokens_per_s=now_pred.tokens_per_s,
+        ), state
+
+    if best_config == current:
+        explore = _explore(scored, current, now_pred, settings)
+        if explore is None:
+            return stay(f"{current.describe()} is predicted best at batch {batch:.1f} ({regime})")
+        best_config, best = explore
+        gain = best.tokens_per_s / now_pred.tokens_per_s - 1.0
+        why = "exploring (bounded downside)"
+    else:
+        why = "predicted faster"
+    dwell = now - state.since_s
+    if dwell < settings.min_dwell_s:
+        return stay(
+            f"{best_config.describe()} predicted {gain:+.1%} but dwell {dwell:.0f}s < "
+            f"minimum {settings.min_dwell_s:.0f}s"
+        )
+    recent = [t for t in state.restarts if now - t < 3600]
+    if len(recent) >= settings.restart_budget_per_hour:
+        return stay(
+            f"{best_config.describe()} predicted {gain:+.1%} but the restart budget "
+            f"({settings.restart_budget_per_hour}/h) is spent"
+        )
+    switch_cost = settings.restart_downtime_s * now_pred.tokens_per_s
+    payoff = (best.tokens_per_s - now_pred.tokens_per_s) * settings.expected_dwell_s
+    if gain < settings.hysteresis or payoff <= switch_cost:
+        return stay(
+            f"{best_config.describe()} predicted {gain:+.1%}: below hysteresis "
+            f"{settings.hysteresis:.0%} or not worth a restart "
+            f"({payoff:.0f} tokens gained vs {switch_cost:.0f} lost)"
+        )
+    action: Action = "off" if not best_config.speculative else "switch"
+    reason = (
+        f"{why}: {best_config.describe()} {gain:+.1%} over {current.describe()} at batch "
+        f"{batch:.1f} ({regime}, {best.tokens_per_s:.0f} vs {now_pred.tokens_per_s:.0f} "
+        f"tok/s predicted)"
+    )
+    state = replace(state, current=best_config, since_s=now, restarts=(*recent, now))
+    return Decision(
+        action=action,
+        config=best_config,
+        reason=reason,
+        predicted_gain=gain,
+        regime=regime,
+        predicted_tokens_per_s=best.tokens_per_s,
+    ), state
+
+
+def _space(
+    settings: TunerSettings, acceptance: dict[str, AcceptanceCurve], cost: StepCost
+) -> list[SpecConfig]:
+    space = list(settings.candidates)
+    if settings.synthesize_schedules:
+        by_method: dict[str, SpecConfig] = {}
+        for config in settings.candidates:
+            if config.speculative and config.max_k > by_method.get(config.method, config).max_k:
+                by_method[config.method] = config
+            by_method.setdefault(config.method, config)
+        for config in by_method.values():
+            curve = acceptance.get(config.method)
+            if not config.speculative or curve is None or config.schedule is not None:
+                continue
+            schedule = synthesize_schedule(config, curve, cost, settings.context_tokens)
+            if schedule is not None:
+                top = max(k for _, _, k in schedule)
+                space.append(replace(config, num_speculative_tokens=top, schedule=schedule))
+    return space
+
+
+def _score(
+    surrogate: Surrogate, space: Sequence[SpecConfig], batch: float, settings: TunerSettings
+) -> list[tuple[SpecConfig, Prediction]]:
+    scored = [(c, surrogate.predict(c, batch, settings.context_tokens)) for c in space]
+    if settings.slo_tpot_p95_s is not None:
+        within = [(c, p) for c, p in scored if p.tpot_s <= settings.slo_tpot_p95_s]
+        scored = within or scored  # nothing meets the SLO: keep the fastest, and say so later
+    return scored
+
+
+def _explore(
+    scored: Sequence[tuple[SpecConfig, Prediction]],
+    current: SpecConfig,
+    now_pred: Prediction,
+    settings: TunerSettings,
+) -> tuple[SpecConfig, Prediction] | None:
+    if settings.exploration <= 0:
+        return None
+    best: tuple[float, SpecConfig, Prediction] | None = None
+    for config, pred in scored:
+        if config == current or pred.uncertainty <= 0:
+            continue
+        optimistic = pred.tokens_per_s * math.exp(settings.exploration * pred.uncertainty)
+        pessimistic = pred.tokens_per_s * math.exp(-pred.uncertainty)
+        if pessimistic < (1 - settings.max_downside) * now_pred.tokens_per_s:
+            continue
+        if optimistic > now_pred.tokens_per_s * (1 + settings.hysteresis) and (
+            best is None or optimistic > best[0]
+        ):
+            best = (optimistic, config, pred)
+    return None if best is None else (best[1], best[2])
