@@ -126,7 +126,7 @@ class Exposition(Protocol):
 
 
 class VllmExposition:
-    def __init__(self, model_name: str) -> None:
+    def __init__(self, model_name: str, num_positions: int = 0) -> None:
         self.registry = CollectorRegistry()
         labels = {"model_name": model_name, "engine": "0"}
         names = list(labels)
@@ -175,6 +175,26 @@ class VllmExposition:
         )
         self._labels = labels
         self._last_emit: dict[str, float] = {}
+        # vLLM creates every series at startup (per-position ones for each of the K positions)
+        for metric in (
+            self._running,
+            self._waiting,
+            self._kv,
+            self._prompt,
+            self._generated,
+            self._preemptions,
+            self._ttft,
+            self._itl,
+            self._tpot,
+            self._e2e,
+            self._iteration,
+        ):
+            metric.labels(**labels)
+        if num_positions:
+            for metric in (self._drafts, self._draft_tokens, self._accepted):
+                metric.labels(**labels)
+            for position in range(num_positions):
+                self._per_pos.labels(**labels, position=str(position))
 
     def record_step(self, outcome: StepOutcome, core: EngineCore) -> None:
         lab = self._labels
@@ -271,6 +291,16 @@ class SglangExposition:
             buckets=SGLANG_E2E_BUCKETS,
             registry=r,
         )
+        for metric in (
+            self._running,
+            self._queue,
+            self._usage,
+            self._throughput,
+            self._generated,
+            self._prompt,
+            self._itl,
+        ):
+            metric.labels(**labels)
         self._window_steps = 0
         self._window_tokens = 0
         self._window_time = 0.0
@@ -332,5 +362,7 @@ class SglangExposition:
         return generate_latest(self.registry)
 
 
-def exposition_for(engine: str, model_name: str) -> Exposition:
-    return VllmExposition(model_name) if engine == "vllm" else SglangExposition(model_name)
+def exposition_for(engine: str, model_name: str, num_positions: int) -> Exposition:
+    if engine == "vllm":
+        return VllmExposition(model_name, num_positions)
+    return SglangExposition(model_name)

@@ -118,7 +118,9 @@ class EmulatedEngine:
             max_num_seqs=settings.max_num_seqs,
             seed=settings.seed,
         )
-        self.exposition: Exposition = exposition_for(settings.engine, settings.model_name)
+        self.exposition: Exposition = exposition_for(
+            settings.engine, settings.model_name, settings.config.max_k
+        )
         self._pending: dict[str, _Pending] = {}
         self._wake = asyncio.Event()
         self._ids = itertools.count(1)

@@ -1,0 +1,113 @@
+"""Local actuator: one engine process (the emulator or a real vLLM) run from rendered args.
+
+Contract: `LocalEngine.apply(config)` renders the engine's command line for `config` with the
+adapter (writing its sidecar files), stops the running process, starts the new one and waits
+until /health answers; `observe(window_s)` scrapes /metrics across the window and returns the
+Observation. A process that exits or never gets healthy raises `EngineStartError` with the
+tail of its log, and the previous config is not restored silently: the loop decides.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from specpilot.runtime.engines import LaunchSettings, get_adapter
+from specpilot.runtime.metrics import observe
+from specpilot.runtime.scrape import Snapshot, fetch_snapshot, window_stats
+from specpilot.tuner.observation import Observation
+from specpilot.tuner.spec_config import SpecConfig
+
+
+class EngineStartError(RuntimeError):
+    """The engine process did not become healthy."""
+
+
+@dataclass(kw_only=True)
+class LocalEngine:
+    engine: str
+    program: Sequence[str]
+    """Command before the engine arguments, e.g. `specpilot emulate --engine vllm ...`."""
+    launch: LaunchSettings
+    env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+    start_timeout_s: float = 600.0
+    scrape_interval_s: float = 1.0
+    log_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="specpilot-")))
+    config: SpecConfig | None = None
+    restarts: int = 0
+    _process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.launch.host}:{self.launch.port}"
+
+    def apply(self, config: SpecConfig) -> None:
+        adapter = get_adapter(self.engine)
+        args = adapter.render(config, self.launch)
+        for path, content in adapter.sidecar_files(config, self.launch).items():
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text(content, encoding="utf-8")
+        self.stop()
+        log = self.log_dir / f"engine-{self.restarts}.log"
+        with log.open("wb") as handle:
+            self._process = subprocess.Popen(
+                [*self.program, *args],
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                start_new_session=True,
+            )
+        self._wait_healthy(log)
+        self.config = config
+        self.restarts += 1
+
+    def _wait_healthy(self, log: Path) -> None:
+        deadline = time.monotonic() + self.start_timeout_s
+        while time.monotonic() < deadline:
+            assert self._process is not None
+            if self._process.poll() is not None:
+                raise EngineStartError(
+                    f"engine exited with {self._process.returncode}: "
+                    f"{log.read_text(errors='replace')[-2000:]}"
+                )
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise EngineStartError(
+            f"engine not healthy after {self.start_timeout_s}s: "
+            f"{log.read_text(errors='replace')[-2000:]}"
+        )
+
+    def observe(self, window_s: float) -> Observation:
+        snapshots: list[Snapshot] = []
+        deadline = time.monotonic() + window_s
+        with httpx.Client(timeout=10) as client:
+            while True:
+                snapshots.append(fetch_snapshot(client, f"{self.url}/metrics", time.time()))
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(min(self.scrape_interval_s, max(0.0, deadline - time.monotonic())))
+        return observe(self.engine, [window_stats(self.engine, self.url, snapshots)])
+
+    def stop(self) -> None:
+        process, self._process = self._process, None
+        if process is None or process.poll() is not None:
+            return
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)

@@ -1,0 +1,154 @@
+"""The control loop end to end on one machine: the local actuator runs the emulator as a real
+process, the loop reads its /metrics over HTTP, the tuner decides, the engine restarts."""
+
+from __future__ import annotations
+
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from specpilot.operator.loop import ControlLoop
+from specpilot.runtime.emulator.acceptance import acceptance_curve
+from specpilot.runtime.engines import LaunchSettings
+from specpilot.runtime.local_engine import LocalEngine
+from specpilot.tuner.policy import TunerSettings
+from specpilot.tuner.spec_config import SpecConfig
+from specpilot.tuner.state import TunerState
+from specpilot.tuner.step_cost import StepCost
+
+EMULATE = [
+    sys.executable,
+    "-m",
+    "specpilot.operator.cli",
+    "emulate",
+    "--engine",
+    "vllm",
+    "--load-delay",
+    "0.2",
+]
+EAGLE3 = [SpecConfig(method="eagle3", num_speculative_tokens=k, draft_model="/d") for k in (1, 3)]
+# A stand-in engine that crashes on any speculative config and emulates a plain one.
+CRASHES_ON_SPECULATION = [
+    sys.executable,
+    "-c",
+    "import sys, runpy\n"
+    "if '--speculative-config' in sys.argv: sys.exit('unsupported draft head')\n"
+    "sys.argv = ['specpilot', 'emulate', '--engine', 'vllm', '--load-delay', '0.2',"
+    " *sys.argv[1:]]\n"
+    "runpy.run_module('specpilot.operator.cli', run_name='__main__')\n",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def engine_factory(tmp_path: Path) -> Iterator:
+    engines: list[LocalEngine] = []
+
+    def make(program: list[str]) -> LocalEngine:
+        launch = LaunchSettings(
+            model="/models/llama",
+            served_model_name="llama",
+            host="127.0.0.1",
+            port=free_port(),
+            sidecar_dir=str(tmp_path),
+        )
+        engine = LocalEngine(
+            engine="vllm",
+            program=program,
+            launch=launch,
+            start_timeout_s=30,
+            scrape_interval_s=0.25,
+            log_dir=tmp_path,
+        )
+        engines.append(engine)
+        return engine
+
+    yield make
+    for engine in engines:
+        engine.stop()
+
+
+class Load:
+    """`users` closed-loop clients against whatever engine listens on the port."""
+
+    def __init__(self, url: str, users: int) -> None:
+        self.url, self.stop_event = url, threading.Event()
+        self.threads = [threading.Thread(target=self._user, daemon=True) for _ in range(users)]
+        for thread in self.threads:
+            thread.start()
+
+    def _user(self) -> None:
+        body = {"model": "llama", "prompt": "word " * 100, "max_tokens": 48}
+        while not self.stop_event.is_set():
+            try:
+                httpx.post(f"{self.url}/v1/completions", json=body, timeout=30)
+            except httpx.HTTPError:
+                time.sleep(0.1)  # the engine is restarting
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        for thread in self.threads:
+            thread.join(timeout=35)
+
+
+def make_loop(engine: LocalEngine) -> ControlLoop:
+    settings = TunerSettings(
+        candidates=(SpecConfig(), *EAGLE3),
+        min_dwell_s=0,
+        synthesize_schedules=False,
+        restart_downtime_s=1.0,
+    )
+    priors = {"eagle3": acceptance_curve("eagle3", "chat")}
+    return ControlLoop(
+        actuator=engine,
+        settings=settings,
+        cost=StepCost.for_hardware("H100", "llama-3.1-8b"),
+        state=TunerState.initial(SpecConfig(), 0.0, priors),
+        window_s=2.0,
+    )
+
+
+def test_low_load_switches_to_speculation_and_the_engine_restarts(engine_factory) -> None:
+    engine = engine_factory(EMULATE)
+    loop = make_loop(engine)
+    loop.start()
+    load = Load(engine.url, users=2)
+    try:
+        records = [loop.tick(now=100.0 * i) for i in range(1, 4)]
+    finally:
+        load.stop()
+    switched = [r for r in records if r.applied]
+    assert switched and switched[0].decision.config.method == "eagle3"
+    assert switched[0].decision.regime == "memory-bound"
+    assert engine.restarts == 2 and engine.config == switched[0].decision.config
+    after = [r for r in records if r.now > switched[0].now]
+    assert after and after[0].observation.acceptance_length is not None  # it speculates now
+    assert "eagle3" in switched[0].decision.reason
+
+
+def test_a_config_that_crashes_is_rolled_back(engine_factory) -> None:
+    engine = engine_factory(CRASHES_ON_SPECULATION)
+    loop = make_loop(engine)
+    loop.start()
+    load = Load(engine.url, users=2)
+    try:
+        first = loop.tick(now=100.0)
+        second = loop.tick(now=200.0)
+    finally:
+        load.stop()
+    assert first.decision.config.method == "eagle3" and not first.applied
+    assert first.error is not None and "unsupported draft head" in first.error
+    assert loop.state.current == SpecConfig() and engine.config == SpecConfig()
+    # the failed config is not tried again while it is backed off
+    assert second.decision.config != first.decision.config
