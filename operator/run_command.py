@@ -12,6 +12,7 @@ from specpilot.operator.loop import ControlLoop, TickRecord
 from specpilot.runtime.emulator.acceptance import acceptance_curve
 from specpilot.runtime.engines import LaunchSettings, get_adapter
 from specpilot.runtime.local_engine import LocalEngine
+from specpilot.tuner.acceptance import AcceptanceCurve
 from specpilot.tuner.policy import TunerSettings
 from specpilot.tuner.spec_config import (
     DRAFT_WEIGHT_METHODS,
@@ -116,7 +117,9 @@ def run(ns: argparse.Namespace) -> int:
         ]
     else:
         program = get_adapter(ns.engine).program(ns.python)
-    priors = {c.method: acceptance_curve(c.method, ns.task) for c in candidates if c.speculative}
+    priors: dict[str, AcceptanceCurve] = {
+        c.method: acceptance_curve(c.method, ns.task) for c in candidates if c.speculative
+    }
     slo = ns.slo_tpot_p95_ms / 1e3 if ns.slo_tpot_p95_ms else None
     settings = TunerSettings(
         candidates=candidates,
