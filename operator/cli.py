@@ -1,5 +1,5 @@
 """The `specpilot` command. Subcommands present so far: render, parse, observe, simulate,
-emulate, probe, run.
+emulate, probe, run, bench.
 
 Contract: a mistake in the user's input (a bad config, an unknown engine, unreachable metrics)
 prints one `error: ...` line naming the field and the allowed values and exits 2; no traceback.
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from specpilot.operator import run_command, simulate_command
+from specpilot.operator import bench_command, run_command, simulate_command
 from specpilot.runtime.engines import ADAPTERS, LaunchSettings, get_adapter
 from specpilot.runtime.metrics import observe, observe_per_pod
 from specpilot.runtime.promql import PromQLError, PromQLReader
@@ -136,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     simulate_command.add_parser(sub)
     run_command.add_parser(sub)
+    bench_command.add_parser(sub)
 
     emulate = sub.add_parser(
         "emulate",

@@ -1,0 +1,177 @@
+"""`specpilot bench`: every policy on one trace in fast mode, and the oracle.
+
+Policies, all on the same trace and seed: no speculation; every static config in the space;
+vLLM's documented EAGLE-3 per-batch table ([1-16]:5, [17-32]:4, [33-64]:3, [65-128]:1,
+[129+]:0); SpecPilot (the tuner with the emulator's restart cost); and the oracle: a replay
+that switches, free and ahead of time, to the config whose static run had the best goodput in
+each window (hindsight per window; a window's goodput counts the requests that finished in
+it). Not yet here: SGLang's default adaptive buckets (the emulator does not model SGLang's
+multi-candidate EMA yet).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from specpilot.runtime.emulator.acceptance import acceptance_curve
+from specpilot.runtime.emulator.trace_sim import Policy, TraceResult, run_trace, static
+from specpilot.runtime.engines import get_adapter
+from specpilot.runtime.traces import Trace, load_trace
+from specpilot.tuner.acceptance import AcceptanceCurve
+from specpilot.tuner.observation import Observation
+from specpilot.tuner.policy import TunerSettings, decide
+from specpilot.tuner.spec_config import SpecConfig
+from specpilot.tuner.state import TunerState
+from specpilot.tuner.step_cost import StepCost
+
+DRAFT = "emulated-eagle3-draft"
+VLLM_EAGLE3_TABLE = SpecConfig(
+    method="eagle3",
+    num_speculative_tokens=5,
+    draft_model=DRAFT,
+    schedule=((1, 16, 5), (17, 32, 4), (33, 64, 3), (65, 128, 1), (129, 1024, 0)),
+)
+SPACE = (
+    SpecConfig(),
+    *(
+        SpecConfig(method="eagle3", num_speculative_tokens=k, draft_model=DRAFT)
+        for k in range(1, 6)
+    ),
+    SpecConfig(method="ngram", num_speculative_tokens=3),
+)
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser("bench", help="every policy and the oracle on a trace (fast mode)")
+    parser.add_argument("--trace", required=True, help="CSV: t,rps,<task>,...")
+    parser.add_argument("--gpu", default="H100")
+    parser.add_argument("--model-profile", default="llama-3.1-8b")
+    parser.add_argument("--engine", default="vllm", choices=["vllm", "sglang"])
+    parser.add_argument("--window", type=float, default=60.0, help="seconds per decision")
+    parser.add_argument("--slo-tpot-ms", type=float, default=50.0)
+    parser.add_argument("--restart-downtime", type=float, default=30.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", dest="json_out", help="write the report to this file")
+    parser.set_defaults(run=run)
+
+
+def tuner_policy(
+    cost: StepCost, space: tuple[SpecConfig, ...], downtime_s: float, slo_s: float
+) -> tuple[Policy, list[str]]:
+    priors: dict[str, AcceptanceCurve] = {
+        c.method: acceptance_curve(c.method, "chat") for c in space if c.speculative
+    }
+    settings = TunerSettings(
+        candidates=space,
+        min_dwell_s=120.0,
+        restart_budget_per_hour=4,
+        restart_downtime_s=downtime_s,
+        expected_dwell_s=600.0,
+        slo_tpot_p95_s=slo_s,
+    )
+    holder = {"state": TunerState.initial(SpecConfig(), 0.0, priors)}
+    reasons: list[str] = []
+
+    def policy(obs: Observation, _current: SpecConfig, now: float) -> SpecConfig:
+        decision, holder["state"] = decide(obs, holder["state"], settings, cost, now)
+        if decision.action != "stay":
+            reasons.append(f"t={now:.0f}s {decision.reason}")
+        return decision.config
+
+    return policy, reasons
+
+
+def bench(
+    trace: Trace,
+    *,
+    gpu: str,
+    profile: str,
+    engine: str,
+    window_s: float,
+    slo_s: float,
+    downtime_s: float,
+    seed: int,
+) -> dict[str, object]:
+    cost = StepCost.for_hardware(gpu, profile)
+    adapter = get_adapter(engine)
+    space = tuple(c for c in SPACE if _runs_on(adapter, c))
+    common = {
+        "engine": engine,
+        "window_s": window_s,
+        "restart_downtime_s": downtime_s,
+        "slo_tpot_s": slo_s,
+        "seed": seed,
+    }
+    results: list[TraceResult] = []
+    statics = [*space, VLLM_EAGLE3_TABLE] if engine == "vllm" else list(space)
+    for config in statics:
+        label = "vllm-eagle3-table" if config is VLLM_EAGLE3_TABLE else config.describe()
+        results.append(run_trace(trace, static(config), config, cost, name=label, **common))
+    policy, reasons = tuner_policy(cost, space, downtime_s, slo_s)
+    pilot = run_trace(trace, policy, SpecConfig(), cost, name="specpilot", **common)
+    # The oracle replays the trace switching, for free and ahead of time, to the config whose
+    # static run had the best goodput in each window.
+    best_by_window = [
+        statics[max(range(len(results)), key=lambda j, i=i: _window(results[j], i))]
+        for i in range(len(pilot.window_goodput) + 1)
+    ]
+
+    def oracle_policy(_obs: Observation, _current: SpecConfig, now: float) -> SpecConfig:
+        return best_by_window[min(round(now / window_s), len(best_by_window) - 1)]
+
+    oracle = run_trace(
+        trace,
+        oracle_policy,
+        best_by_window[0],
+        cost,
+        name="oracle",
+        **{**common, "restart_downtime_s": 0.0},
+    ).goodput_tok_s
+    best_static = max(results, key=lambda r: r.goodput_tok_s)
+    return {
+        "trace": trace.name,
+        "gpu": gpu,
+        "model_profile": profile,
+        "engine": engine,
+        "slo_tpot_ms": slo_s * 1e3,
+        "policies": [r.to_dict() for r in [*results, pilot]],
+        "oracle_goodput_tok_s": round(oracle, 2),
+        "best_static": best_static.name,
+        "specpilot_vs_oracle": round(pilot.goodput_tok_s / oracle, 4) if oracle else None,
+        "specpilot_vs_best_static": round(pilot.goodput_tok_s / best_static.goodput_tok_s, 4),
+        "specpilot_decisions": reasons,
+        "specpilot_configs_by_window": pilot.configs,
+    }
+
+
+def _window(result: TraceResult, index: int) -> float:
+    goodput = result.window_goodput
+    return goodput[index] if index < len(goodput) else 0.0
+
+
+def _runs_on(adapter: object, config: SpecConfig) -> bool:
+    try:
+        adapter.check(config)  # type: ignore[attr-defined]
+    except ValueError:
+        return False
+    return True
+
+
+def run(ns: argparse.Namespace) -> int:
+    report = bench(
+        load_trace(ns.trace),
+        gpu=ns.gpu,
+        profile=ns.model_profile,
+        engine=ns.engine,
+        window_s=ns.window,
+        slo_s=ns.slo_tpot_ms / 1e3,
+        downtime_s=ns.restart_downtime,
+        seed=ns.seed,
+    )
+    text = json.dumps(report, indent=2)
+    if ns.json_out:
+        Path(ns.json_out).write_text(text + "\n", encoding="utf-8")
+    print(text)
+    return 0

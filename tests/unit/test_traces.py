@@ -1,0 +1,67 @@
+"""Traces: the CSV format, its named errors, and a policy replayed over one in fast mode."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from specpilot.runtime.emulator.trace_sim import run_trace, static
+from specpilot.runtime.traces import load_trace, parse_trace
+from specpilot.tuner import ConfigError, SpecConfig
+from specpilot.tuner.step_cost import StepCost
+
+SHIPPED = sorted((Path(__file__).resolve().parents[2] / "bench" / "traces").glob("*.csv"))
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
+def test_shipped_traces_load(path: Path) -> None:
+    trace = load_trace(path)
+    assert trace.duration_s > 0 and len(trace.rows) >= 3
+    for row in trace.rows:
+        assert abs(sum(p for _, p in row.mix) - 1.0) < 1e-9
+
+
+def test_rate_and_mix_change_at_rows() -> None:
+    trace = parse_trace("t,rps,chat,code\n0,2,1,0\n10,8,1,3\n20,0,1,0\n")
+    assert trace.rate_at(5) == 2 and trace.rate_at(15) == 8
+    assert dict(trace.row_at(15).mix) == {"chat": 0.25, "code": 0.75}
+    assert trace.duration_s == 20
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ("time,rps,chat\n0,1,1\n1,0,1\n", "trace header"),
+        ("t,rps,poetry\n0,1,1\n1,0,1\n", "trace header task"),
+        ("t,rps,chat\n0,1,1\n0,2,1\n", "trace line 3 column t"),
+        ("t,rps,chat\n0,x,1\n1,0,1\n", "trace line 2"),
+        ("t,rps,chat\n0,1\n1,0,1\n", "trace line 2"),
+        ("t,rps,chat\n0,1,0\n1,0,1\n", "trace line 2"),
+        ("t,rps,chat\n5,1,1\n9,0,1\n", "trace line 2 column t"),
+        ("t,rps,chat\n0,1,1\n", "trace"),
+    ],
+)
+def test_malformed_traces_name_the_place(text: str, field: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_trace(text)
+    assert info.value.field == field
+
+
+def test_replay_serves_the_trace_and_counts_restarts() -> None:
+    trace = parse_trace("t,rps,chat\n0,4,1\n60,4,1\n120,0,1\n")
+    cost = StepCost.for_hardware("H100", "llama-3.1-8b")
+    plain = run_trace(trace, static(SpecConfig()), SpecConfig(), cost, name="plain", window_s=30.0)
+    eagle = SpecConfig(method="eagle3", num_speculative_tokens=3, draft_model="d")
+
+    def flip(_obs, current, now):  # switch once, at the first window boundary
+        return eagle if now >= 30 else current
+
+    flipped = run_trace(
+        trace, flip, SpecConfig(), cost, name="flip", window_s=30.0, restart_downtime_s=5.0
+    )
+    assert plain.restarts == 0 and flipped.restarts == 1
+    assert plain.completed > 300  # ~4 req/s for 120 s, minus the tail still running
+    assert flipped.configs[0] == "no speculation" and flipped.configs[-1] == eagle.describe()
+    assert flipped.tpot_ms_mean is not None and plain.tpot_ms_mean is not None
+    assert flipped.tpot_ms_mean < plain.tpot_ms_mean  # speculation at low load: faster tokens
