@@ -108,14 +108,13 @@ def bench(
     statics = [*space, VLLM_EAGLE3_TABLE] if engine == "vllm" else list(space)
     for config in statics:
         label = "vllm-eagle3-table" if config is VLLM_EAGLE3_TABLE else config.describe()
-        results.append(run_trace(trace, static(config), config, cost, name=label, **common))
+        results.append(replay(static(config), config, label, downtime_s))
     policy, reasons = tuner_policy(cost, space, downtime_s, slo_s)
-    pilot = run_trace(trace, policy, SpecConfig(), cost, name="specpilot", **common)
+    pilot = replay(policy, SpecConfig(), "specpilot", downtime_s)
     # The oracle replays the trace switching, for free and ahead of time, to the config whose
     # static run had the best goodput in each window.
     best_by_window = [
-        statics[max(range(len(results)), key=lambda j, i=i: _window(results[j], i))]
-        for i in range(len(pilot.window_goodput) + 1)
+        statics[_best_in_window(results, i)] for i in range(len(pilot.window_goodput) + 1)
     ]
 
     def oracle_policy(_obs: Observation, _current: SpecConfig, now: float) -> SpecConfig:
@@ -146,9 +145,12 @@ def bench(
     }
 
 
-def _window(result: TraceResult, index: int) -> float:
-    goodput = result.window_goodput
-    return goodput[index] if index < len(goodput) else 0.0
+def _best_in_window(results: list[TraceResult], index: int) -> int:
+    def goodput(j: int) -> float:
+        windows = results[j].window_goodput
+        return windows[index] if index < len(windows) else 0.0
+
+    return max(range(len(results)), key=goodput)
 
 
 def _runs_on(adapter: object, config: SpecConfig) -> bool:
