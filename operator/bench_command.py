@@ -97,13 +97,21 @@ def bench(
     cost = StepCost.for_hardware(gpu, profile)
     adapter = get_adapter(engine)
     space = tuple(c for c in SPACE if _runs_on(adapter, c))
-    common = {
-        "engine": engine,
-        "window_s": window_s,
-        "restart_downtime_s": downtime_s,
-        "slo_tpot_s": slo_s,
-        "seed": seed,
-    }
+
+    def replay(policy: Policy, initial: SpecConfig, name: str, downtime: float) -> TraceResult:
+        return run_trace(
+            trace,
+            policy,
+            initial,
+            cost,
+            name=name,
+            engine=engine,
+            window_s=window_s,
+            restart_downtime_s=downtime,
+            slo_tpot_s=slo_s,
+            seed=seed,
+        )
+
     results: list[TraceResult] = []
     statics = [*space, VLLM_EAGLE3_TABLE] if engine == "vllm" else list(space)
     for config in statics:
