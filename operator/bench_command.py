@@ -128,14 +128,7 @@ def bench(
     def oracle_policy(_obs: Observation, _current: SpecConfig, now: float) -> SpecConfig:
         return best_by_window[min(round(now / window_s), len(best_by_window) - 1)]
 
-    oracle = run_trace(
-        trace,
-        oracle_policy,
-        best_by_window[0],
-        cost,
-        name="oracle",
-        **{**common, "restart_downtime_s": 0.0},
-    ).goodput_tok_s
+    oracle = replay(oracle_policy, best_by_window[0], "oracle", 0.0).goodput_tok_s
     best_static = max(results, key=lambda r: r.goodput_tok_s)
     return {
         "trace": trace.name,

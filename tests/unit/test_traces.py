@@ -65,3 +65,18 @@ def test_replay_serves_the_trace_and_counts_restarts() -> None:
     assert flipped.configs[0] == "no speculation" and flipped.configs[-1] == eagle.describe()
     assert flipped.tpot_ms_mean is not None and plain.tpot_ms_mean is not None
     assert flipped.tpot_ms_mean < plain.tpot_ms_mean  # speculation at low load: faster tokens
+
+
+def test_bench_command_compares_every_policy(tmp_path: Path) -> None:
+    from specpilot.operator.cli import main
+
+    trace = tmp_path / "short.csv"
+    trace.write_text("t,rps,chat,code\n0,2,1,0\n60,20,0,1\n120,0,1,0\n")
+    out = tmp_path / "report.json"
+    assert main(["bench", "--trace", str(trace), "--window", "30", "--json", str(out)]) == 0
+    import json
+
+    report = json.loads(out.read_text())
+    names = [p["policy"] for p in report["policies"]]
+    assert {"no speculation", "vllm-eagle3-table", "specpilot"} <= set(names)
+    assert report["oracle_goodput_tok_s"] > 0 and report["specpilot_vs_best_static"] > 0
