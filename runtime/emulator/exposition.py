@@ -125,7 +125,30 @@ class Exposition(Protocol):
     def render(self) -> bytes: ...
 
 
-class VllmExposition:
+class _Latencies:
+    """Per-request histograms both engines keep (TTFT, end-to-end, time per output token)."""
+
+    registry: CollectorRegistry
+    _ttft: Histogram
+    _e2e: Histogram
+    _tpot: Histogram
+    _last_emit: dict[str, float]
+
+    def _record_latencies(self, labels: dict[str, str], request: Request) -> None:
+        self._last_emit.pop(request.request_id, None)
+        if request.first_token_s is not None:
+            self._ttft.labels(**labels).observe(request.first_token_s - request.arrival_s)
+        if request.finished_s is not None:
+            self._e2e.labels(**labels).observe(request.finished_s - request.arrival_s)
+        tpot = request.time_per_output_token_s
+        if tpot is not None:
+            self._tpot.labels(**labels).observe(tpot)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class VllmExposition(_Latencies):
     def __init__(self, model_name: str, num_positions: int = 0) -> None:
         self.registry = CollectorRegistry()
         labels = {"model_name": model_name, "engine": "0"}
@@ -221,21 +244,10 @@ class VllmExposition:
             self._last_emit[request_id] = end
 
     def record_finished(self, request: Request, streaming: bool) -> None:
-        lab = self._labels
-        self._last_emit.pop(request.request_id, None)
-        if request.first_token_s is not None:
-            self._ttft.labels(**lab).observe(request.first_token_s - request.arrival_s)
-        if request.finished_s is not None:
-            self._e2e.labels(**lab).observe(request.finished_s - request.arrival_s)
-        tpot = request.time_per_output_token_s
-        if tpot is not None:
-            self._tpot.labels(**lab).observe(tpot)
-
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+        self._record_latencies(self._labels, request)
 
 
-class SglangExposition:
+class SglangExposition(_Latencies):
     def __init__(self, model_name: str) -> None:
         self.registry = CollectorRegistry()
         labels = {
@@ -348,18 +360,7 @@ class SglangExposition:
         self._window_time = 0.0
 
     def record_finished(self, request: Request, streaming: bool) -> None:
-        lab = {**self._labels, "is_streaming": str(streaming).lower()}
-        self._last_emit.pop(request.request_id, None)
-        if request.first_token_s is not None:
-            self._ttft.labels(**lab).observe(request.first_token_s - request.arrival_s)
-        if request.finished_s is not None:
-            self._e2e.labels(**lab).observe(request.finished_s - request.arrival_s)
-        tpot = request.time_per_output_token_s
-        if tpot is not None:
-            self._tpot.labels(**lab).observe(tpot)
-
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+        self._record_latencies({**self._labels, "is_streaming": str(streaming).lower()}, request)
 
 
 def exposition_for(engine: str, model_name: str, num_positions: int) -> Exposition:
