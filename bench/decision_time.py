@@ -1,0 +1,79 @@
+"""Tuner decision time over 1,000 observations; writes bench/results/decision_time.json.
+
+Run: .venv/bin/python bench/decision_time.py
+The observations come from the tuner's own physics at loads cycling from batch 1 to 300, so
+the residual store fills up as it would over a long run.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+from specpilot.runtime.emulator.acceptance import acceptance_curve
+from specpilot.tuner.observation import Observation
+from specpilot.tuner.policy import TunerSettings, decide
+from specpilot.tuner.spec_config import SpecConfig
+from specpilot.tuner.state import TunerState
+from specpilot.tuner.step_cost import StepCost
+from specpilot.tuner.surrogate import Surrogate
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def main() -> None:
+    cost = StepCost.for_hardware("H100", "llama-3.1-8b")
+    space = (
+        SpecConfig(),
+        *(
+            SpecConfig(method="eagle3", num_speculative_tokens=k, draft_model="d")
+            for k in (1, 3, 5)
+        ),
+        SpecConfig(method="ngram", num_speculative_tokens=3),
+    )
+    priors = {m: acceptance_curve(m, "chat") for m in ("eagle3", "ngram")}
+    settings = TunerSettings(candidates=space, min_dwell_s=0, restart_budget_per_hour=10_000)
+    state = TunerState.initial(SpecConfig(), 0.0, priors)
+    decide(_observation(state, cost, 1.0), state, settings, cost, 0.0)  # imports, warm-up
+    timings = []
+    for tick in range(1000):
+        batch = 1 + (tick * 37) % 300
+        obs = _observation(state, cost, float(batch))
+        started = time.perf_counter()
+        _, state = decide(obs, state, settings, cost, 60.0 * (tick + 1))
+        timings.append(time.perf_counter() - started)
+    report = {
+        "observations": len(timings),
+        "median_ms": round(statistics.median(timings) * 1e3, 3),
+        "p95_ms": round(sorted(timings)[int(0.95 * len(timings))] * 1e3, 3),
+        "state_bytes": len(state.to_json().encode()),
+        "residual_summaries": len(state.residuals),
+    }
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "decision_time.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report, indent=2))
+
+
+def _observation(state: TunerState, cost: StepCost, batch: float) -> Observation:
+    prediction = Surrogate(cost, state.acceptance_curves()).prior(state.current, batch, 1024.0)
+    return Observation(
+        engine="vllm",
+        window_s=60.0,
+        pods=("p",),
+        acceptance_length=None,
+        acceptance_rate=None,
+        acceptance_per_position=None,
+        running_requests=batch,
+        waiting_requests=0.0,
+        kv_cache_usage=None,
+        generation_tokens_per_s=prediction.tokens_per_s * 0.9,
+        tpot_p50_s=None,
+        tpot_p95_s=None,
+        ttft_p95_s=None,
+    )
+
+
+if __name__ == "__main__":
+    main()
