@@ -5,8 +5,8 @@ vLLM's documented EAGLE-3 per-batch table ([1-16]:5, [17-32]:4, [33-64]:3, [65-1
 [129+]:0); SpecPilot (the tuner with the emulator's restart cost); and the oracle: a replay
 that switches, free and ahead of time, to the config whose static run had the best goodput in
 each window (hindsight per window; a window's goodput counts the requests that finished in
-it). Not yet here: SGLang's default adaptive buckets (the emulator does not model SGLang's
-multi-candidate EMA yet).
+it). With the SGLang dialect, SGLang's default adaptive buckets (EAGLE-3 starting at K=3)
+replace vLLM's table.
 """
 
 from __future__ import annotations
@@ -32,6 +32,9 @@ VLLM_EAGLE3_TABLE = SpecConfig(
     num_speculative_tokens=5,
     draft_model=DRAFT,
     schedule=((1, 16, 5), (17, 32, 4), (33, 64, 3), (65, 128, 1), (129, 1024, 0)),
+)
+SGLANG_DEFAULT_ADAPTIVE = SpecConfig(
+    method="eagle3", num_speculative_tokens=3, draft_model=DRAFT, engine_adaptive=True
 )
 SPACE = (
     SpecConfig(),
@@ -113,9 +116,13 @@ def bench(
         )
 
     results: list[TraceResult] = []
-    statics = [*space, VLLM_EAGLE3_TABLE] if engine == "vllm" else list(space)
+    engine_baseline = VLLM_EAGLE3_TABLE if engine == "vllm" else SGLANG_DEFAULT_ADAPTIVE
+    statics = [*space, engine_baseline]
     for config in statics:
-        label = "vllm-eagle3-table" if config is VLLM_EAGLE3_TABLE else config.describe()
+        label = {
+            VLLM_EAGLE3_TABLE: "vllm-eagle3-table",
+            SGLANG_DEFAULT_ADAPTIVE: "sglang-default-adaptive",
+        }.get(config, config.describe())
         results.append(replay(static(config), config, label, downtime_s))
     policy, reasons = tuner_policy(cost, space, downtime_s, slo_s)
     pilot = replay(policy, SpecConfig(), "specpilot", downtime_s)

@@ -88,6 +88,11 @@ class SpecConfig:
     """Per-batch-size K: contiguous tiers starting at batch size 1, each k in 0..K. vLLM's
     `num_speculative_tokens_per_batch_size`, SGLang's adaptive buckets (one candidate each)."""
 
+    engine_adaptive: bool = False
+    """Let the engine pick K per batch itself with its own default rules (SGLang's
+    `--speculative-adaptive` without a config: buckets 1:[1,3,5,7], 8:[0,1,3], 32:[0,1],
+    64:[0] switched by an EMA of accepted drafts). K is where it starts. Not with `schedule`."""
+
     def __post_init__(self) -> None:
         if self.method not in SPEC_METHODS:
             raise ConfigError("method", self.method, " | ".join(SPEC_METHODS))
@@ -105,10 +110,21 @@ class SpecConfig:
         self._normalise_tree(k)
         if self.schedule is not None:
             object.__setattr__(self, "schedule", _normalise_schedule(self.schedule, k))
+        if not isinstance(self.engine_adaptive, bool):
+            raise ConfigError("engine_adaptive", self.engine_adaptive, "true | false")
+        if self.engine_adaptive and self.schedule is not None:
+            raise ConfigError(
+                "engine_adaptive",
+                True,
+                "false when a schedule is set",
+                "the engine's own rules and SpecPilot's schedule would both pick K",
+            )
 
     def _check_plain(self) -> None:
         for f in fields(self):
-            if f.name == "method":
+            if f.name == "method" or (
+                f.name == "engine_adaptive" and self.engine_adaptive is False
+            ):
                 continue
             if getattr(self, f.name) is not None:
                 raise ConfigError(
@@ -188,7 +204,8 @@ class SpecConfig:
         return self.num_speculative_tokens or 0
 
     def k_for_batch(self, batch_size: int) -> int:
-        """K the engine drafts at this batch size, honouring the schedule."""
+        """K the engine drafts at this batch size, honouring the schedule (an engine-adaptive
+        config's K moves at run time; this gives its starting value)."""
         if self.schedule is None:
             return self.max_k
         for start, end, k in self.schedule:
@@ -203,7 +220,7 @@ class SpecConfig:
             if f.name == "method":
                 continue
             value = getattr(self, f.name)
-            if value is None:
+            if value is None or value is False:
                 continue
             out[f.name] = [list(t) for t in value] if f.name == "schedule" else value
         return out
@@ -242,6 +259,8 @@ class SpecConfig:
             label += f" tree(topk={self.eagle_topk},tokens={self.num_draft_tokens})"
         if self.schedule is not None:
             label += " sched[" + ",".join(f"{s}-{e}:{k}" for s, e, k in self.schedule) + "]"
+        if self.engine_adaptive:
+            label += " engine-adaptive"
         return label
 
 

@@ -6,7 +6,8 @@ sleeps for `duration_s` between steps, the fast simulator jumps its clock instea
 two drivers. Per step, like vLLM's scheduler:
 - admission from a FIFO waiting queue up to `max_num_seqs` and the KV capacity;
 - decoding requests first, each verifying K+1 tokens, K from the config's per-batch-size
-  schedule (vLLM's table and SGLang's one-candidate adaptive buckets read the same way);
+  schedule (vLLM's table and SGLang's one-candidate adaptive buckets read the same way) or,
+  for an engine-adaptive config, from SGLang's own EMA-driven buckets;
 - chunked prefill of admitted prompts in the remaining `max_batched_tokens` budget; a prompt's
   last chunk yields its first token;
 - acceptance drawn per request-step from the method x task curve;
@@ -20,6 +21,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from specpilot.runtime.emulator.acceptance import acceptance_curve
+from specpilot.runtime.emulator.sglang_adaptive import SglangAdaptive
 from specpilot.tuner.acceptance import AcceptanceCurve
 from specpilot.tuner.spec_config import SpecConfig
 from specpilot.tuner.step_cost import StepCost
@@ -97,6 +99,8 @@ class EngineCore:
         self.preemptions = 0
         self._rng = random.Random(seed)
         self._curves: dict[str, AcceptanceCurve] = {}
+        # SGLang's own adaptive mode moves K at run time; a schedule or a fixed K does not.
+        self._adaptive = SglangAdaptive(config.max_k) if config.engine_adaptive else None
 
     def add_request(self, request: Request) -> None:
         self.waiting.append(request)
@@ -119,7 +123,7 @@ class EngineCore:
         if not self.running:
             return None
         decoding = [r for r in self.running if r.decoding]
-        k = self.config.k_for_batch(len(decoding)) if decoding else 0
+        k = self._k_for(len(decoding)) if decoding else 0
         budget = self.max_batched_tokens - len(decoding) * (k + 1)
         chunks = self._plan_prefill(max(budget, 0))
         outcome = StepOutcome(
@@ -139,8 +143,11 @@ class EngineCore:
             kv_tokens=kv_tokens,
         )
         end = now + outcome.duration_s
+        drafted: list[int] = []
         for request in decoding:
-            self._decode(request, k, outcome)
+            drafted.append(self._decode(request, k, outcome))
+        if self._adaptive is not None and decoding:
+            self._adaptive.observe(len(decoding), drafted if k else [])
         for request, tokens in chunks.items():
             request.prefilled += tokens
             if request.decoding:
@@ -179,7 +186,13 @@ class EngineCore:
             budget -= chunk
         return chunks
 
-    def _decode(self, request: Request, k: int, outcome: StepOutcome) -> None:
+    def _k_for(self, batch: int) -> int:
+        if self._adaptive is not None:
+            return self._adaptive.steps_for(batch)
+        return self.config.k_for_batch(batch)
+
+    def _decode(self, request: Request, k: int, outcome: StepOutcome) -> int:
+        """Verify one request's draft; returns how many drafted tokens were accepted."""
         accepted = 0
         if k > 0:
             curve = self._curves.get(request.task)
@@ -196,6 +209,7 @@ class EngineCore:
         tokens = min(accepted + 1, request.max_tokens - request.generated)
         request.generated += tokens
         outcome.emitted[request.request_id] = tokens
+        return accepted
 
     def _preempt_over_capacity(self) -> int:
         preempted = 0

@@ -55,6 +55,8 @@ class MethodSupport:
     """Tree drafting (eagle_topk / num_draft_tokens) available."""
     prompt_lookup: bool = False
     """n-gram lookup window (prompt_lookup_min/max) available."""
+    engine_adaptive: bool = False
+    """The engine's own per-batch K adaptation available."""
 
 
 class EngineAdapter(Protocol):
@@ -119,6 +121,15 @@ def check_capability(
             config.eagle_topk,
             "None (chain drafting)",
             f"{engine} {support.engine_name} drafts chains only",
+        )
+    if config.engine_adaptive and not support.engine_adaptive:
+        with_it = [m for m, s in capabilities.items() if s.engine_adaptive]
+        raise EngineCapabilityError(
+            "engine_adaptive",
+            True,
+            "false for this method; engine-side adaptation works with "
+            + (", ".join(with_it) or "no method of this engine"),
+            f"{engine} {support.engine_name} has no adaptive K of its own",
         )
     lookup = config.prompt_lookup_min, config.prompt_lookup_max
     if lookup != (None, None) and not support.prompt_lookup:

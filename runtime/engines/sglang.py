@@ -41,9 +41,9 @@ from specpilot.tuner.spec_config import ConfigError, ScheduleTier, SpecConfig, S
 CAPABILITIES: Mapping[str, MethodSupport] = {
     "ngram": MethodSupport("NGRAM", "forbidden", tree=True),
     "draft_model": MethodSupport("STANDALONE", "required", tree=True),
-    "eagle": MethodSupport("EAGLE", "required", schedule=True, tree=True),
-    "eagle3": MethodSupport("EAGLE3", "required", schedule=True, tree=True),
-    "mtp": MethodSupport("NEXTN", "optional", schedule=True, tree=True),
+    "eagle": MethodSupport("EAGLE", "required", schedule=True, tree=True, engine_adaptive=True),
+    "eagle3": MethodSupport("EAGLE3", "required", schedule=True, tree=True, engine_adaptive=True),
+    "mtp": MethodSupport("NEXTN", "optional", schedule=True, tree=True, engine_adaptive=True),
     "dflash": MethodSupport("DFLASH", "required"),
 }
 _METHOD_BY_ALGORITHM = {s.engine_name: m for m, s in CAPABILITIES.items()}
@@ -53,6 +53,13 @@ BUCKET_END_KEY = "specpilot_last_batch_size"
 # SGLang resets --max-running-requests to this whenever speculation is on and it is unset.
 SPECULATIVE_DEFAULT_MAX_RUNNING = 48
 NGRAM_DEFAULT_BFS_BREADTH = 10
+# SGLang's default adaptive buckets (srt/speculative/adaptive_spec_params.py): start -> steps.
+DEFAULT_ADAPTIVE_BUCKETS: dict[int, tuple[int, ...]] = {
+    1: (1, 3, 5, 7),
+    8: (0, 1, 3),
+    32: (0, 1),
+    64: (0,),
+}
 NGRAM_DEFAULT_DRAFT_TOKENS = 12
 
 _VALUE_FLAGS = {
@@ -86,6 +93,22 @@ class SglangAdapter:
                 "None (chain) when a schedule is set",
                 "SGLang adaptive mode runs with topk 1 only",
             )
+        if config.engine_adaptive:
+            if config.eagle_topk is not None:
+                raise EngineCapabilityError(
+                    "eagle_topk",
+                    config.eagle_topk,
+                    "None (chain) with engine_adaptive",
+                    "SGLang adaptive mode runs with topk 1 only",
+                )
+            starts = sorted({k for ks in DEFAULT_ADAPTIVE_BUCKETS.values() for k in ks if k})
+            if config.num_speculative_tokens not in starts:
+                raise EngineCapabilityError(
+                    "num_speculative_tokens",
+                    config.num_speculative_tokens,
+                    "one of SGLang's default adaptive steps " + str(starts),
+                    "SGLang requires --speculative-num-steps among the candidates",
+                )
         if config.schedule is not None:
             steps = sorted({k for _, _, k in config.schedule})
             if config.num_speculative_tokens not in steps:
@@ -129,6 +152,8 @@ class SglangAdapter:
                 "--speculative-adaptive-config",
                 self.adaptive_config_path(base),
             ]
+        if config.engine_adaptive:
+            args.append("--speculative-adaptive")
         return args
 
     def sidecar_files(self, config: SpecConfig, base: LaunchSettings) -> dict[str, str]:
@@ -219,6 +244,7 @@ def _config_from_flags(
         if topk == 1:
             draft_tokens = None  # SGLang forces steps + 1 for a chain
     schedule = _read_schedule(found, files)
+    engine_adaptive = "adaptive" in found and schedule is None
     return SpecConfig(
         method=cast(SpecMethod, method),
         num_speculative_tokens=steps,
@@ -226,6 +252,7 @@ def _config_from_flags(
         eagle_topk=topk,
         num_draft_tokens=draft_tokens,
         schedule=schedule,
+        engine_adaptive=engine_adaptive,
     )
 
 
@@ -236,13 +263,7 @@ def _read_schedule(
         return None
     path_flag = found.get("adaptive_config")
     if path_flag is None or not path_flag.value:
-        raise EngineArgsError(
-            "--speculative-adaptive-config",
-            None,
-            "a JSON file with one candidate per bucket",
-            "SGLang's default buckets hold several candidates each, which SpecPilot's "
-            "per-batch K schedule does not model",
-        )
+        return None  # SGLang's default buckets: the engine adapts on its own
     path = path_flag.value
     try:
         text = files[path] if files is not None and path in files else _read_text(path)

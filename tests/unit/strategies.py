@@ -64,6 +64,11 @@ def spec_configs(
     schedule_ok = support is None or support.schedule
     if engine == "sglang" and tree:
         schedule_ok = False  # SGLang's adaptive mode runs chains only
+    adaptive_ok = (support is None or support.engine_adaptive) and not tree
+    if engine == "sglang" and k not in (1, 3, 5, 7):
+        adaptive_ok = False  # SGLang starts from one of its default candidates
     if schedule_ok and draw(st.booleans()):
         fields["schedule"] = draw(schedules(k, must_include_k=engine == "sglang"))
+    elif adaptive_ok and draw(st.booleans()):
+        fields["engine_adaptive"] = True
     return SpecConfig(**fields)  # type: ignore[arg-type]

@@ -119,3 +119,41 @@ def test_unknown_task_is_a_named_error() -> None:
 
     with pytest.raises(ConfigError, match="chat"):
         simulate(config=SpecConfig(), performance=H100_8B, task="poetry", concurrency=1)
+
+
+def test_sglang_default_adaptive_rules() -> None:
+    from specpilot.runtime.emulator.sglang_adaptive import SglangAdaptive
+
+    perfect = SglangAdaptive(initial_steps=3)
+    seen = []
+    for _ in range(60):  # every draft fully accepted: SGLang probes more steps
+        steps = perfect.steps_for(1)
+        perfect.observe(1, [steps])
+        seen.append(perfect.steps_for(1))
+    assert seen[0] == 3 and seen[-1] == 7 and 5 in seen
+    hopeless = SglangAdaptive(initial_steps=3)
+    for _ in range(60):  # nothing accepted: down to the bucket's smallest candidate
+        hopeless.observe(1, [0])
+    assert hopeless.steps_for(1) == 1
+    assert hopeless.steps_for(8) == 3 and hopeless.steps_for(40) == 1  # other buckets untouched
+    assert hopeless.steps_for(100) == 0  # bucket 64 only has 0
+
+
+def test_engine_adaptive_core_follows_sglang_buckets() -> None:
+    config = SpecConfig(
+        method="eagle3", num_speculative_tokens=3, draft_model="d", engine_adaptive=True
+    )
+    alone = EngineCore(config=config, performance=H100_8B, seed=4)
+    alone.add_request(
+        Request(request_id="a", task="chat", prompt_tokens=32, max_tokens=500, arrival_s=0.0)
+    )
+    # chat acceptance (~1.8 of 3 drafts) sits between SGLang's thresholds: K stays at 3
+    assert {o.k for o in run_to_completion(alone) if o.decode_batch} == {3}
+    crowd = EngineCore(config=config, performance=H100_8B, seed=4)
+    for i in range(80):
+        crowd.add_request(
+            Request(request_id=str(i), task="chat", prompt_tokens=32, max_tokens=64, arrival_s=0.0)
+        )
+    outcomes = run_to_completion(crowd)
+    assert all(o.k == 0 for o in outcomes if o.decode_batch >= 64)
+    assert any(o.decode_batch >= 64 for o in outcomes)

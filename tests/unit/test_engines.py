@@ -373,20 +373,6 @@ PARSE_ERRORS = [
     ),
     (
         "sglang",
-        [
-            "--speculative-algorithm",
-            "EAGLE",
-            "--speculative-draft-model-path",
-            "d",
-            "--speculative-num-steps",
-            "3",
-            "--speculative-adaptive",
-        ],
-        "--speculative-adaptive-config",
-        "one candidate",
-    ),
-    (
-        "sglang",
         ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", "d"],
         "--speculative-num-draft-tokens",
         "block size",
@@ -438,3 +424,43 @@ def test_adaptive_config_json_is_sglang_shaped() -> None:
     body = json.loads(adaptive_config_json(((1, 3, 2), (4, 9, 0))))
     assert all(isinstance(entry["candidate_steps"], list) for entry in body.values())
     assert sorted(body) == ["1", "4"]
+
+
+def test_sglang_default_adaptive_mode_round_trips() -> None:
+    args = [
+        "--speculative-algorithm",
+        "EAGLE3",
+        "--speculative-draft-model-path",
+        "/d",
+        "--speculative-num-steps",
+        "3",
+        "--speculative-adaptive",
+    ]
+    config = SGLANG.parse(args)
+    assert config == SpecConfig(
+        method="eagle3", num_speculative_tokens=3, draft_model="/d", engine_adaptive=True
+    )
+    assert SGLANG.render(config, BASE)[-1] == "--speculative-adaptive"
+    assert SGLANG.sidecar_files(config, BASE) == {}
+    with pytest.raises(EngineCapabilityError, match="adaptive"):
+        VLLM.render(config, BASE)
+    with pytest.raises(EngineCapabilityError, match=r"\[1, 3, 5, 7\]"):
+        SGLANG.parse([*args[:5], "4", "--speculative-adaptive"])
+
+
+def test_sglang_multi_candidate_config_files_are_refused(tmp_path) -> None:
+    path = tmp_path / "adaptive.json"
+    path.write_text(json.dumps({"1": {"candidate_steps": [1, 3]}}))
+    args = [
+        "--speculative-algorithm",
+        "EAGLE",
+        "--speculative-draft-model-path",
+        "/d",
+        "--speculative-num-steps",
+        "3",
+        "--speculative-adaptive",
+        "--speculative-adaptive-config",
+        str(path),
+    ]
+    with pytest.raises(EngineArgsError, match="exactly one K"):
+        SGLANG.parse(args)
