@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from specpilot.runtime.engines import LaunchSettings, get_adapter
+from specpilot.runtime.engines.sglang import DEFAULT_ADAPTIVE_BUCKETS
 from specpilot.tuner import SpecConfig
 
 from conftest import SGLANG_PYTHON, run_engine_script
@@ -53,6 +54,10 @@ def sample_configs(models: Path) -> list[SpecConfig]:
             num_draft_tokens=8,
         ),
         SpecConfig(method="ngram", num_speculative_tokens=5, eagle_topk=2, num_draft_tokens=8),
+        SpecConfig(
+            method="eagle3", num_speculative_tokens=3, draft_model=llama, engine_adaptive=True
+        ),
+        SpecConfig(method="mtp", num_speculative_tokens=7, engine_adaptive=True),
         SpecConfig(),
     ]
     return configs
@@ -99,9 +104,13 @@ def test_sglang_accepts_and_resolves_every_rendered_config(models: Path, tmp_pat
             assert resolved["num_steps"] == k
             assert resolved["eagle_topk"] == (config.eagle_topk or 1)
             assert resolved["num_draft_tokens"] == (config.num_draft_tokens or k + 1)
-        assert resolved["adaptive"] is (config.schedule is not None)
+        adaptive = config.schedule is not None or config.engine_adaptive
+        assert resolved["adaptive"] is adaptive
         if config.schedule is not None:
             assert resolved["adaptive_candidate_steps"] == sorted({t[2] for t in config.schedule})
+        if config.engine_adaptive:  # SGLang's default buckets, as SpecPilot's table says
+            expected = sorted({k for ks in DEFAULT_ADAPTIVE_BUCKETS.values() for k in ks})
+            assert resolved["adaptive_candidate_steps"] == expected
 
 
 def test_sglang_refuses_what_it_cannot_run(models: Path, tmp_path: Path) -> None:
