@@ -86,38 +86,23 @@ class SglangAdapter:
 
     def check(self, config: SpecConfig) -> None:
         check_capability("SGLang", CAPABILITIES, config)
-        if config.schedule is not None and config.eagle_topk is not None:
+        candidates = _adaptive_candidates(config)
+        if candidates is None:
+            return
+        if config.eagle_topk is not None:
             raise EngineCapabilityError(
                 "eagle_topk",
                 config.eagle_topk,
-                "None (chain) when a schedule is set",
+                "None (chain) in adaptive mode (a schedule or engine_adaptive)",
                 "SGLang adaptive mode runs with topk 1 only",
             )
-        if config.engine_adaptive:
-            if config.eagle_topk is not None:
-                raise EngineCapabilityError(
-                    "eagle_topk",
-                    config.eagle_topk,
-                    "None (chain) with engine_adaptive",
-                    "SGLang adaptive mode runs with topk 1 only",
-                )
-            starts = sorted({k for ks in DEFAULT_ADAPTIVE_BUCKETS.values() for k in ks if k})
-            if config.num_speculative_tokens not in starts:
-                raise EngineCapabilityError(
-                    "num_speculative_tokens",
-                    config.num_speculative_tokens,
-                    "one of SGLang's default adaptive steps " + str(starts),
-                    "SGLang requires --speculative-num-steps among the candidates",
-                )
-        if config.schedule is not None:
-            steps = sorted({k for _, _, k in config.schedule})
-            if config.num_speculative_tokens not in steps:
-                raise EngineCapabilityError(
-                    "num_speculative_tokens",
-                    config.num_speculative_tokens,
-                    "one of the schedule's K values " + str(steps),
-                    "SGLang adaptive mode requires --speculative-num-steps among the candidates",
-                )
+        if config.num_speculative_tokens not in candidates:
+            raise EngineCapabilityError(
+                "num_speculative_tokens",
+                config.num_speculative_tokens,
+                "one of the adaptive candidate steps " + str(candidates),
+                "SGLang requires --speculative-num-steps among the candidates",
+            )
 
     def adaptive_config_path(self, base: LaunchSettings) -> str:
         return os.path.join(base.sidecar_dir, ADAPTIVE_CONFIG_FILE)
@@ -189,6 +174,15 @@ class SglangAdapter:
 
     def program(self, python: str) -> list[str]:
         return [python, "-m", "sglang.launch_server"]
+
+
+def _adaptive_candidates(config: SpecConfig) -> list[int] | None:
+    """The steps SGLang's adaptive mode may pick for this config; None when it is not adaptive."""
+    if config.schedule is not None:
+        return sorted({k for _, _, k in config.schedule})
+    if config.engine_adaptive:
+        return sorted({k for ks in DEFAULT_ADAPTIVE_BUCKETS.values() for k in ks if k})
+    return None
 
 
 def adaptive_config_json(schedule: Sequence[ScheduleTier]) -> str:
