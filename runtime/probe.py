@@ -157,12 +157,13 @@ class ProbeResult:
 
     def to_dict(self) -> dict[str, Any]:
         full = dict(zip(_NAMES, (self.fixed_s, self.per_token_s, self.per_kv_token_s), strict=True))
+        fields = asdict(self)
+        factors = fields.pop("factors")  # named below rather than positional
         return {
             **full,
             "covers": "transformer layers measured, LM head extrapolated; no sampling",
-            "scaled_from_layers": self.layers_measured,
-            "extrapolation_factors": dict(zip(_NAMES, self.factors, strict=True)),
-            **asdict(self),
+            "extrapolation_factors": dict(zip(_NAMES, factors, strict=True)),
+            **fields,
         }
 
 

@@ -94,7 +94,7 @@ def decide(
     prior = Surrogate(cost, acceptance).prior(current, batch, settings.context_tokens)
     state = state.learn_throughput(current, batch, throughput / prior.tokens_per_s)
     surrogate = Surrogate(
-        cost, acceptance, step_factor=state.step_factor, residuals=state.residual_points()
+        cost, acceptance, step_factor=state.step_factor, residuals=state.residuals
     )
 
     scored = _score(surrogate, _space(settings, acceptance, cost), batch, settings)

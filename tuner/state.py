@@ -90,9 +90,6 @@ class TunerState:
             kept = kept[:MAX_RESIDUALS]
         return replace(self, step_factor=factor, residuals=tuple(kept))
 
-    def residual_points(self) -> tuple[ResidualPoint, ...]:
-        return self.residuals
-
     def to_json(self) -> str:
         body: dict[str, Any] = {
             "current": self.current.to_dict(),

@@ -159,7 +159,8 @@ def test_step_time_model_predicts_the_measurements_within_the_fit_error(
 
 def test_to_dict_is_json_and_says_what_was_extrapolated(tiny: ProbeResult) -> None:
     data = json.loads(json.dumps(tiny.to_dict()))
-    assert data["scaled_from_layers"] == 2 and data["profile_layers"] == 4
+    assert data["layers_measured"] == 2 and data["profile_layers"] == 4
+    assert "factors" not in data  # one spelling: the named extrapolation_factors
     factors = data["extrapolation_factors"]
     assert data["fixed_s"] == pytest.approx(factors["fixed_s"] * data["measured"]["fixed_s"])
     assert factors["per_kv_token_s"] == 2  # KV reads: the layer ratio alone
