@@ -50,6 +50,7 @@ ENGINE_METRICS: Mapping[str, tuple[MetricSpec, ...]] = {
         MetricSpec("drafts", "vllm:spec_decode_num_drafts_total", "counter"),
         MetricSpec("draft_tokens", "vllm:spec_decode_num_draft_tokens_total", "counter"),
         MetricSpec("generation_tokens", "vllm:generation_tokens_total", "counter"),
+        MetricSpec("prompt_tokens", "vllm:prompt_tokens_total", "counter"),
         MetricSpec("running", "vllm:num_requests_running", "gauge"),
         MetricSpec("waiting", "vllm:num_requests_waiting", "gauge"),
         MetricSpec("kv_usage", "vllm:kv_cache_usage_perc", "gauge", "mean"),
@@ -61,6 +62,7 @@ ENGINE_METRICS: Mapping[str, tuple[MetricSpec, ...]] = {
         MetricSpec("accept_rate_gauge", "sglang:spec_accept_rate", "gauge", "mean"),
         MetricSpec("verify_calls", "sglang:spec_verify_calls_total", "counter"),
         MetricSpec("generation_tokens", "sglang:generation_tokens_total", "counter"),
+        MetricSpec("prompt_tokens", "sglang:prompt_tokens_total", "counter"),
         MetricSpec("running", "sglang:num_running_reqs", "gauge"),
         MetricSpec("waiting", "sglang:num_queue_reqs", "gauge"),
         MetricSpec("kv_usage", "sglang:token_usage", "gauge", "mean"),
@@ -116,6 +118,7 @@ def observe(engine: str, stats: Sequence[WindowStats]) -> Observation:
         tpot_p95_s=histogram_quantile(0.95, tpot),
         ttft_p95_s=histogram_quantile(0.95, _merged_buckets(stats, "ttft")),
         counter_resets=sum(s.counter_resets for s in stats),
+        prompt_tokens_per_s=_rate(stats, "prompt_tokens"),
     )
 
 

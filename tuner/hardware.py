@@ -18,7 +18,9 @@ from the models' published configs (Hugging Face model cards).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from specpilot.tuner.spec_config import ConfigError
 
@@ -201,6 +203,20 @@ class StepTimeModel:
         """Tokens per step where compute time reaches the step's fixed time (the published
         fit's a/b): past it, each extra verified token costs real time."""
         return (self.fixed_s + self.weight_s) / self.per_token_s
+
+    @classmethod
+    def from_fit_json(cls, body: Mapping[str, Any], source: str = "fit") -> StepTimeModel:
+        """An affine fit from JSON with `fixed_s`, `per_token_s` and `per_kv_token_s` (the
+        top-level keys `specpilot probe --json` writes)."""
+        try:
+            coef = [float(body[name]) for name in ("fixed_s", "per_token_s", "per_kv_token_s")]
+        except (KeyError, TypeError, ValueError):
+            raise ConfigError(
+                "step_time_fit", dict(body), "fixed_s, per_token_s, per_kv_token_s (seconds)"
+            ) from None
+        if min(coef) < 0 or coef[0] + coef[1] <= 0:
+            raise ConfigError("step_time_fit", coef, "non-negative, fixed_s + per_token_s > 0")
+        return cls(fixed_s=coef[0], per_token_s=coef[1], per_kv_token_s=coef[2], source=source)
 
     @classmethod
     def roofline(cls, gpu: Gpu, profile: ModelProfile) -> StepTimeModel:

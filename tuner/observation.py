@@ -29,6 +29,8 @@ class Observation:
     tpot_p95_s: float | None
     ttft_p95_s: float | None
     counter_resets: int = 0
+    prompt_tokens_per_s: float | None = None
+    """Prefill tokens processed per second; with generation, how prefill-heavy the traffic is."""
 
     @property
     def engines(self) -> int:

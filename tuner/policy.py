@@ -48,10 +48,14 @@ class TunerSettings:
     """Minimum relative gain to act on, whatever the cost."""
     slo_tpot_p95_s: float | None = None
     max_downside: float = 0.05
+    window_s: float = 60.0
+    """Seconds between decisions (the observation window); sets the forecast's pace."""
     exploration: float = 1.0
     """UCB weight on the surrogate's uncertainty (0 disables exploration)."""
+    max_batch: int = 256
+    """The engine's max-num-seqs: the most concurrent requests a forecast can reach."""
     context_tokens: float = 1024.0
-    """Mean context per running request when the engine does not report it."""
+    """Mean context per running request until the engine's KV usage tells."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -89,17 +93,33 @@ def decide(
             action="stay", config=current, reason=reason, predicted_gain=0.0, regime="unknown"
         ), state
 
-    state = state.learn_acceptance(current, observation, now)
+    state = state.learn_acceptance(current, observation, now).learn_traffic(
+        observation, cost.kv_capacity_tokens()
+    )
+    context = state.context_tokens or settings.context_tokens
     acceptance = state.acceptance_curves()
-    prior = Surrogate(cost, acceptance).prior(current, batch, settings.context_tokens)
-    state = state.learn_throughput(current, batch, throughput / prior.tokens_per_s)
+    prior = Surrogate(cost, acceptance, prefill_ratio=state.prefill_ratio).prior(
+        current, batch, context
+    )
+    if now - state.since_s > 1.5 * observation.window_s:
+        # A window that saw the switch also saw the restart's downtime and refill: it says
+        # nothing about how fast the new config runs.
+        state = state.learn_throughput(current, batch, throughput / prior.tokens_per_s)
     surrogate = Surrogate(
-        cost, acceptance, step_factor=state.step_factor, residuals=state.residuals
+        cost,
+        acceptance,
+        residuals=state.residuals,
+        prefill_ratio=state.prefill_ratio,
     )
 
-    scored = _score(surrogate, _space(settings, acceptance, cost), batch, settings)
-    now_pred = surrogate.predict(current, batch, settings.context_tokens)
+    space = _space(settings, acceptance, cost, state.prefill_ratio, context)
+    scored = _score(surrogate, space, batch, context, settings)
+    now_pred = surrogate.predict(current, batch, context)
     regime = now_pred.regime
+    state = state.remember_batch(batch)
+    forecast = _forecast_batch(state.recent_batches, settings)
+    if forecast is not None:
+        scored = _blend_forecast(scored, surrogate, current, now_pred, forecast, context)
     best_config, best = max(scored, key=lambda item: item[1].tokens_per_s)
     gain = best.tokens_per_s / now_pred.tokens_per_s - 1.0
 
@@ -122,6 +142,8 @@ def decide(
         why = "exploring (bounded downside)"
     else:
         why = "predicted faster"
+        if forecast is not None:
+            why += f" (load heading to batch {forecast:.0f})"
     dwell = now - state.since_s
     if dwell < settings.min_dwell_s:
         return stay(
@@ -160,7 +182,11 @@ def decide(
 
 
 def _space(
-    settings: TunerSettings, acceptance: dict[str, AcceptanceCurve], cost: StepCost
+    settings: TunerSettings,
+    acceptance: dict[str, AcceptanceCurve],
+    cost: StepCost,
+    prefill_ratio: float,
+    context: float,
 ) -> list[SpecConfig]:
     space = list(settings.candidates)
     if settings.synthesize_schedules:
@@ -173,7 +199,7 @@ def _space(
             curve = acceptance.get(config.method)
             if not config.speculative or curve is None or config.schedule is not None:
                 continue
-            schedule = synthesize_schedule(config, curve, cost, settings.context_tokens)
+            schedule = synthesize_schedule(config, curve, cost, context, prefill_ratio)
             if schedule is not None:
                 top = max(k for _, _, k in schedule)
                 space.append(replace(config, num_speculative_tokens=top, schedule=schedule))
@@ -181,13 +207,53 @@ def _space(
 
 
 def _score(
-    surrogate: Surrogate, space: Sequence[SpecConfig], batch: float, settings: TunerSettings
+    surrogate: Surrogate,
+    space: Sequence[SpecConfig],
+    batch: float,
+    context: float,
+    settings: TunerSettings,
 ) -> list[tuple[SpecConfig, Prediction]]:
-    scored = [(c, surrogate.predict(c, batch, settings.context_tokens)) for c in space]
+    scored = [(c, surrogate.predict(c, batch, context)) for c in space]
     if settings.slo_tpot_p95_s is not None:
         within = [(c, p) for c, p in scored if p.tpot_s <= settings.slo_tpot_p95_s]
         scored = within or scored  # nothing meets the SLO: keep the fastest, and say so later
     return scored
+
+
+def _forecast_batch(recent: Sequence[float], settings: TunerSettings) -> float | None:
+    """Where the load is heading over the next half dwell, if it is clearly moving.
+
+    The geometric trend of the last windows' batch, extrapolated and bounded (at most 8x either
+    way, at most max-num-seqs); None when the load is steady (under 25% change forecast).
+    """
+    if len(recent) < 3 or min(recent) <= 0:
+        return None
+    steps = len(recent) - 1
+    growth = float((recent[-1] / recent[0]) ** (1 / steps))
+    horizon_windows = max(1.0, settings.expected_dwell_s / 2 / settings.window_s)
+    forecast = recent[-1] * min(max(growth**horizon_windows, 0.125), 8.0)
+    forecast = min(forecast, float(settings.max_batch))
+    if abs(math.log(forecast / recent[-1])) < math.log(1.25):
+        return None
+    return forecast
+
+
+def _blend_forecast(
+    scored: Sequence[tuple[SpecConfig, Prediction]],
+    surrogate: Surrogate,
+    current: SpecConfig,
+    now_pred: Prediction,
+    forecast: float,
+    context: float,
+) -> list[tuple[SpecConfig, Prediction]]:
+    """Each config's merit, relative to the running one, averaged over now and the forecast."""
+    ahead = surrogate.predict(current, forecast, context).tokens_per_s
+    blended = []
+    for config, pred in scored:
+        later = surrogate.predict(config, forecast, context).tokens_per_s / ahead
+        merit = (pred.tokens_per_s / now_pred.tokens_per_s + 2 * later) / 3
+        blended.append((config, replace(pred, tokens_per_s=now_pred.tokens_per_s * merit)))
+    return blended
 
 
 def _explore(

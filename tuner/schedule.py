@@ -19,25 +19,40 @@ BUCKETS = tuple(2**i for i in range(11))  # 1 .. 1024
 
 
 def best_k(
-    method: str, max_k: int, curve: AcceptanceCurve, cost: StepCost, batch: int, context: float
+    method: str,
+    max_k: int,
+    curve: AcceptanceCurve,
+    cost: StepCost,
+    batch: int,
+    context: float,
+    prefill_ratio: float = 0.0,
 ) -> int:
     def throughput(k: int) -> float:
-        step = cost.step_time(
-            method=method if k else "none",
+        length = curve.expected_length(k)
+        step = cost.serving_step_time(
+            method=method,  # a K=0 tier still runs the speculative path and pays its overhead
             decode_batch=batch,
             k=k,
-            prefill_tokens=0,
+            tokens_per_request=length,
+            prefill_per_output_token=prefill_ratio,
             kv_tokens=round(batch * context),
         )
-        return batch * curve.expected_length(k) / step
+        return batch * length / step
 
     return max(range(max_k + 1), key=throughput)
 
 
 def synthesize_schedule(
-    config: SpecConfig, curve: AcceptanceCurve, cost: StepCost, context_tokens: float = 1024.0
+    config: SpecConfig,
+    curve: AcceptanceCurve,
+    cost: StepCost,
+    context_tokens: float = 1024.0,
+    prefill_ratio: float = 0.0,
 ) -> tuple[ScheduleTier, ...] | None:
-    ks = [best_k(config.method, config.max_k, curve, cost, b, context_tokens) for b in BUCKETS]
+    ks = [
+        best_k(config.method, config.max_k, curve, cost, b, context_tokens, prefill_ratio)
+        for b in BUCKETS
+    ]
     if max(ks) == 0:
         return None
     tiers: list[list[int]] = []

@@ -2,8 +2,8 @@
 
 Contract: `TunerState` is frozen; learning returns a new state. It holds the running config and
 since when, recent restart times (the last hour's), per-method acceptance estimates, a global
-step-time factor (hardware model vs measurement) and per-(config, batch bucket) residual
-summaries, at most MAX_RESIDUALS of them (the least-supported are dropped first), so its JSON
+prompt/output token ratio of the traffic and per-(config, batch bucket) residual summaries
+(log of measured over prior throughput, recent windows weighted most), at most MAX_RESIDUALS of them (the least-supported are dropped first), so its JSON
 stays small whatever the history length.
 """
 
@@ -22,7 +22,10 @@ from specpilot.tuner.surrogate import ResidualPoint
 
 MAX_RESIDUALS = 128
 LEARNING_RATE = 0.3
-"""Weight of a new window in the moving estimates (acceptance, step factor)."""
+"""Weight of a new window in the moving estimates (acceptance, traffic)."""
+RECENT_WINDOWS = 4
+MAX_RESIDUAL_WEIGHT = 8.0
+"""A residual summary averages about this many recent windows, so it follows drift."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -32,8 +35,13 @@ class TunerState:
     restarts: tuple[float, ...] = ()
     acceptance: tuple[tuple[str, float, float], ...] = ()
     """(method, p, r) per method: the prior until the method has run, then learned."""
-    step_factor: float = 1.0
     residuals: tuple[ResidualPoint, ...] = ()
+    prefill_ratio: float = 0.0
+    """Prompt tokens prefilled per output token, a moving estimate from the traffic."""
+    context_tokens: float = 0.0
+    """Mean KV tokens per running request, a moving estimate (0 until the engine reports)."""
+    recent_batches: tuple[float, ...] = ()
+    """The last RECENT_WINDOWS windows' mean batch, oldest first: the load's trend."""
 
     @classmethod
     def initial(
@@ -64,15 +72,28 @@ class TunerState:
         curves[config.method] = AcceptanceCurve(p, prior.r)
         return replace(self, acceptance=tuple(sorted((m, c.p, c.r) for m, c in curves.items())))
 
+    def learn_traffic(self, obs: Observation, kv_capacity_tokens: int) -> TunerState:
+        """Blend the window's prompt/output ratio and context per request into the estimates."""
+        state = self
+        prompt, output = obs.prompt_tokens_per_s, obs.generation_tokens_per_s
+        if prompt is not None and output is not None and output > 0:
+            state = replace(state, prefill_ratio=_blend(state.prefill_ratio, prompt / output))
+        usage, batch = obs.kv_cache_usage, obs.running_requests
+        if usage is not None and batch is not None and usage > 0 and batch >= 1:
+            # Bounded: the capacity is the catalog's estimate, not the engine's own figure.
+            context = min(max(usage * kv_capacity_tokens / batch, 64.0), 65536.0)
+            state = replace(state, context_tokens=_blend(state.context_tokens, context))
+        return state
+
+    def remember_batch(self, batch: float) -> TunerState:
+        return replace(self, recent_batches=(*self.recent_batches, batch)[-RECENT_WINDOWS:])
+
     def learn_throughput(self, config: SpecConfig, batch: float, ratio: float) -> TunerState:
-        """`ratio` is measured over prior throughput (prior at step factor 1)."""
+        """`ratio` is measured over prior throughput for `config` at `batch`."""
         if ratio <= 0 or not math.isfinite(ratio):
             return self
-        factor = math.exp(
-            (1 - LEARNING_RATE) * math.log(self.step_factor) + LEARNING_RATE * math.log(1 / ratio)
-        )
         bucket = round(math.log2(max(batch, 1.0)))
-        residual = math.log(ratio) + math.log(factor)  # what the global factor does not explain
+        residual = math.log(ratio)
         kept = [r for r in self.residuals if (r.config, r.log2_batch) != (config, bucket)]
         old = next(
             (r for r in self.residuals if (r.config, r.log2_batch) == (config, bucket)), None
@@ -82,13 +103,16 @@ class TunerState:
         else:
             weight = old.weight + 1.0
             point = ResidualPoint(
-                config, bucket, old.mean + (residual - old.mean) / weight, min(weight, 50.0)
+                config,
+                bucket,
+                old.mean + (residual - old.mean) / weight,
+                min(weight, MAX_RESIDUAL_WEIGHT),
             )
         kept.append(point)
         if len(kept) > MAX_RESIDUALS:
             kept.sort(key=lambda r: r.weight, reverse=True)
             kept = kept[:MAX_RESIDUALS]
-        return replace(self, step_factor=factor, residuals=tuple(kept))
+        return replace(self, residuals=tuple(kept))
 
     def to_json(self) -> str:
         body: dict[str, Any] = {
@@ -96,7 +120,9 @@ class TunerState:
             "since_s": self.since_s,
             "restarts": list(self.restarts),
             "acceptance": [list(a) for a in self.acceptance],
-            "step_factor": self.step_factor,
+            "prefill_ratio": round(self.prefill_ratio, 4),
+            "context_tokens": round(self.context_tokens, 1),
+            "recent_batches": [round(b, 2) for b in self.recent_batches],
             "residuals": [
                 [r.config.to_dict(), r.log2_batch, r.mean, r.weight] for r in self.residuals
             ],
@@ -111,12 +137,21 @@ class TunerState:
             since_s=float(body["since_s"]),
             restarts=tuple(float(t) for t in body["restarts"]),
             acceptance=tuple((str(m), float(p), float(r)) for m, p, r in body["acceptance"]),
-            step_factor=float(body["step_factor"]),
+            prefill_ratio=float(body.get("prefill_ratio", 0.0)),
+            context_tokens=float(body.get("context_tokens", 0.0)),
+            recent_batches=tuple(float(b) for b in body.get("recent_batches", [])),
             residuals=tuple(
                 ResidualPoint(SpecConfig.from_dict(c), int(b), float(m), float(w))
                 for c, b, m, w in body["residuals"]
             ),
         )
+
+
+def _blend(estimate: float, observed: float) -> float:
+    """Moving estimate; the first observation (estimate 0: none yet) is taken as it is."""
+    if estimate == 0.0:
+        return observed
+    return (1 - LEARNING_RATE) * estimate + LEARNING_RATE * observed
 
 
 def _solve_p(length: float, k: int, r: float) -> float:

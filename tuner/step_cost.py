@@ -46,11 +46,26 @@ class StepCost:
     profile: ModelProfile
     gpu: Gpu
 
+    def kv_capacity_tokens(self, memory_utilization: float = 0.9) -> int:
+        """KV tokens that fit beside the weights (vLLM's default memory utilisation: 0.9)."""
+        free = (
+            self.gpu.memory_bytes * memory_utilization
+            - self.profile.params * self.profile.bytes_per_param
+        )
+        return max(int(free / self.profile.kv_bytes_per_token), 1024)
+
     @classmethod
     def for_hardware(cls, gpu: str, profile: str) -> StepCost:
         """The roofline cost model of a catalog GPU running a catalog model profile."""
         g, p = get_gpu(gpu), get_profile(profile)
         return cls(step_model=StepTimeModel.roofline(g, p), profile=p, gpu=g)
+
+    @classmethod
+    def from_fit(cls, step_model: StepTimeModel, gpu: str, profile: str) -> StepCost:
+        """A measured step-time fit (the probe's, or one measured on the engine itself, e.g.
+        a CPU with no catalog entry) in place of the roofline. The GPU and profile still size
+        the drafting passes of draft-weight methods; ngram and suffix draft for free."""
+        return cls(step_model=step_model, profile=get_profile(profile), gpu=get_gpu(gpu))
 
     def draft_fraction(self, method: str) -> float:
         """Share of the target's weights one drafting pass streams."""
@@ -88,6 +103,31 @@ class StepCost:
             )
         one_pass = weights_s + fraction * self.step_model.per_token_s * batch + kv_s
         return k * (one_pass + DRAFT_PASS_OVERHEAD_S)
+
+    def serving_step_time(
+        self,
+        *,
+        method: str,
+        decode_batch: int,
+        k: int,
+        tokens_per_request: float,
+        prefill_per_output_token: float,
+        kv_tokens: int,
+    ) -> float:
+        """One step in steady serving, where prompts arrive in proportion to the output.
+
+        Each step emits `decode_batch x tokens_per_request` tokens; in steady state the engine
+        prefills `prefill_per_output_token` prompt tokens for each of them (chunked prefill
+        rides in the same step), so a config that emits more per step also prefills more.
+        """
+        prefill = prefill_per_output_token * decode_batch * tokens_per_request
+        return self.step_time(
+            method=method,
+            decode_batch=decode_batch,
+            k=k,
+            prefill_tokens=round(prefill),
+            kv_tokens=kv_tokens,
+        )
 
     def step_time(
         self, *, method: str, decode_batch: int, k: int, prefill_tokens: int, kv_tokens: int

@@ -5,10 +5,13 @@ throughput, per-token latency and regime for `config` serving `batch` concurrent
 `context_tokens` each. The prior is the speculative arithmetic: expected tokens per step from
 the method's acceptance estimate and the K the schedule gives at that batch, over the step
 time (verification of batch x (K+1) tokens plus drafting, from `StepCost`). The correction is
-learned from what was measured: a Gaussian process (scikit-optimize) on the log ratio of
-measured to prior throughput over (method, K, log batch), with its uncertainty; a step-time
-factor learned from every observation corrects the hardware model for all configs at once.
-Prefill is not in the prior (decode-bound serving); the correction absorbs what it costs.
+learned from what was measured: the log ratio of measured to prior throughput, summarised per
+(config, batch bucket), is split into a shared offset (the support-weighted mean: how far the
+hardware model is off for every config at once) and a Gaussian process (scikit-optimize) over
+(method, K, log batch, scheduled) on what the offset leaves, with its uncertainty.
+Prefill is in the prior: each step also prefills the prompt tokens that arrive per output
+token (`prefill_ratio`, measured), which is what makes verification compute-bound early under
+prompt-heavy traffic.
 """
 
 from __future__ import annotations
@@ -65,29 +68,33 @@ class Surrogate:
         cost: StepCost,
         acceptance: Mapping[str, AcceptanceCurve],
         *,
-        step_factor: float = 1.0,
         residuals: tuple[ResidualPoint, ...] = (),
+        prefill_ratio: float = 0.0,
     ) -> None:
         self.cost = cost
         self.acceptance = acceptance
-        self.step_factor = step_factor
-        self._gp = _fit_gp(residuals)
+        self.prefill_ratio = prefill_ratio
+        total = sum(p.weight for p in residuals)
+        self.offset = sum(p.mean * p.weight for p in residuals) / total if total else 0.0
+        self._gp = _fit_gp(residuals, self.offset)
 
     def prior(self, config: SpecConfig, batch: float, context_tokens: float) -> Prediction:
         batch_n = max(1, round(batch))
         k = config.k_for_batch(batch_n)
         curve = self.acceptance.get(config.method)
         length = curve.expected_length(k) if (curve is not None and k > 0) else 1.0
-        step = self.step_factor * self.cost.step_time(
-            method=config.method if k > 0 else "none",
+        step = self.cost.serving_step_time(
+            method=config.method,  # a K=0 tier still pays the speculative path overhead
             decode_batch=batch_n,
             k=k,
-            prefill_tokens=0,
+            tokens_per_request=length,
+            prefill_per_output_token=self.prefill_ratio,
             kv_tokens=round(batch_n * context_tokens),
         )
         tokens_per_step = batch_n * (k + 1)
         return Prediction(
-            tokens_per_s=batch_n * length / step,
+            # A fractional mean batch is part-time idling: the engine steps at batch_n, less often.
+            tokens_per_s=max(batch, 1e-3) * length / step,
             tpot_s=step / length,
             step_s=step,
             k=k,
@@ -101,7 +108,7 @@ class Surrogate:
         if self._gp is None:
             return prior
         mean, std = self._gp.predict([_features(config, batch)], return_std=True)
-        factor = math.exp(float(mean[0]))
+        factor = math.exp(self.offset + float(mean[0]))
         return Prediction(
             tokens_per_s=prior.tokens_per_s * factor,
             tpot_s=prior.tpot_s / factor,
@@ -114,12 +121,16 @@ class Surrogate:
 
 
 def _features(config: SpecConfig, batch: float) -> list[float]:
-    method_index = [1.0 if config.method == m else 0.0 for m in SPEC_METHODS]
-    scheduled = 1.0 if config.schedule is not None else 0.0
-    return [*method_index, config.max_k / 4.0, math.log2(max(batch, 1.0)) / 4.0, scheduled]
+    # Length scales by hand (one unit = one kernel length): the model's error depends mostly
+    # on the load (the hardware model is off alike for every config at one batch), less on
+    # the method, least on K and on having a schedule; so what one config measured at a load
+    # moves the other configs' predictions at that load.
+    method_index = [0.5 if config.method == m else 0.0 for m in SPEC_METHODS]
+    scheduled = 0.3 if config.schedule is not None else 0.0
+    return [*method_index, config.max_k / 8.0, math.log2(max(batch, 1.0)) / 2.0, scheduled]
 
 
-def _fit_gp(points: tuple[ResidualPoint, ...]):  # type: ignore[no-untyped-def]
+def _fit_gp(points: tuple[ResidualPoint, ...], offset: float):  # type: ignore[no-untyped-def]
     if not points:
         return None
     from skopt.learning import GaussianProcessRegressor
@@ -133,6 +144,6 @@ def _fit_gp(points: tuple[ResidualPoint, ...]):  # type: ignore[no-untyped-def]
     noise = np.array([0.01 / p.weight for p in points])
     gp = GaussianProcessRegressor(kernel=kernel, alpha=noise, normalize_y=False, random_state=0)
     x = [_features(p.config, 2.0**p.log2_batch) for p in points]
-    y = [p.mean for p in points]
+    y = [p.mean - offset for p in points]
     gp.fit(x, y)
     return gp

@@ -224,6 +224,4 @@ class EngineCore:
 
 def default_kv_capacity(performance: StepCost) -> int:
     """KV tokens that fit beside the weights at vLLM's default memory utilisation."""
-    profile, gpu = performance.profile, performance.gpu
-    free = gpu.memory_bytes * GPU_MEMORY_UTILIZATION - profile.params * profile.bytes_per_param
-    return max(int(free / profile.kv_bytes_per_token), 1024)
+    return performance.kv_capacity_tokens(GPU_MEMORY_UTILIZATION)

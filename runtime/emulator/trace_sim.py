@@ -34,6 +34,7 @@ def static(config: SpecConfig) -> Policy:
 @dataclass(slots=True)
 class _Window:
     tokens: int = 0
+    prefill_tokens: int = 0
     accepted: int = 0
     drafts: int = 0
     batch_time: float = 0.0
@@ -65,6 +66,7 @@ class TraceResult:
             "e2e_s_mean": self.e2e_s_mean and round(self.e2e_s_mean, 3),
             "restarts": self.restarts,
             "completed": self.completed,
+            "window_goodput_tok_s": [round(g, 1) for g in self.window_goodput],
         }
 
 
@@ -121,6 +123,7 @@ def run_trace(
         now += outcome.duration_s
         emitted = sum(outcome.emitted.values())
         window.tokens += emitted
+        window.prefill_tokens += outcome.prefill_tokens
         window.accepted += outcome.accepted
         window.drafts += outcome.drafts
         window.batch_time += outcome.decode_batch * outcome.duration_s
@@ -171,13 +174,15 @@ def _observation(engine: str, window: _Window, window_s: float, core: EngineCore
         acceptance_length=1 + window.accepted / window.drafts if window.drafts else None,
         acceptance_rate=None,
         acceptance_per_position=None,
-        running_requests=window.batch_time / window.busy_time if window.busy_time else None,
+        # Time-averaged over the whole window, idle time included, as a scraped gauge is.
+        running_requests=window.batch_time / window_s if window.busy_time else None,
         waiting_requests=float(len(core.waiting)),
         kv_cache_usage=core.kv_usage,
         generation_tokens_per_s=window.tokens / window_s if window.tokens else None,
         tpot_p50_s=None,
         tpot_p95_s=None,
         ttft_p95_s=None,
+        prompt_tokens_per_s=window.prefill_tokens / window_s if window.prefill_tokens else None,
     )
 
 

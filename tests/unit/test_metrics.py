@@ -38,6 +38,7 @@ class FakeVllm:
         self.running = Gauge("vllm:num_requests_running", "", names, registry=self.registry)
         self.waiting = Gauge("vllm:num_requests_waiting", "", names, registry=self.registry)
         self.kv = Gauge("vllm:kv_cache_usage_perc", "", names, registry=self.registry)
+        self.prompt = Counter("vllm:prompt_tokens", "", names, registry=self.registry)
         self.tpot = Histogram(
             "vllm:request_time_per_output_token_seconds",
             "",
@@ -61,6 +62,7 @@ class FakeVllm:
         for position, count in enumerate(accepted_per_pos):
             self.per_pos.labels(**LABELS, position=str(position)).inc(count)
         self.generated.labels(**LABELS).inc(tokens)
+        self.prompt.labels(**LABELS).inc(2 * tokens)
         self.running.labels(**LABELS).set(running)
         self.waiting.labels(**LABELS).set(0)
         self.kv.labels(**LABELS).set(0.25)
@@ -83,6 +85,7 @@ def test_vllm_window_matches_hand_computation() -> None:
     assert obs.acceptance_rate == pytest.approx(200 / 300)
     assert obs.acceptance_per_position == pytest.approx((0.9, 0.7, 0.4))
     assert obs.generation_tokens_per_s == pytest.approx(50.0)
+    assert obs.prompt_tokens_per_s == pytest.approx(100.0)
     assert obs.running_requests == pytest.approx(4.0)  # mean of 0 and 8
     assert obs.kv_cache_usage == pytest.approx(0.25)
     # rank 2 of 4 reaches the (0.01, 0.025] bucket, which holds 2: its upper edge

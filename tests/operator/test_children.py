@@ -1,0 +1,300 @@
+"""The child objects a SpecDeployment owns: what the engine container runs, how it rolls out,
+and that every object is a valid Kubernetes 1.35 object."""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from crd_validation import ROOT
+
+from specpilot.operator.children import (
+    CONFIG_ANNOTATION,
+    INSTANCE_LABEL,
+    MANAGED_BY_LABEL,
+    NAME_LABEL,
+    ROLE_LABEL,
+    deployment_name,
+    desired_children,
+    desired_config_map,
+    desired_deployment,
+    desired_monitor,
+    desired_service,
+    pod_selector,
+    selector_labels,
+)
+from specpilot.operator.crd_spec import SpecDeploymentSpec, decode_spec
+from specpilot.runtime.engines import get_adapter
+from specpilot.tuner.spec_config import SpecConfig
+
+K8S_VERSION = "1.35.0"
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+
+
+def _example(path: Path) -> tuple[str, SpecDeploymentSpec]:
+    obj = yaml.safe_load(path.read_text(encoding="utf-8"))
+    return obj["metadata"]["name"], decode_spec(obj["spec"])
+
+
+def _spec(**spec: Any) -> SpecDeploymentSpec:
+    return decode_spec({"engine": "vllm", "model": "org/model", **spec})
+
+
+def _container(deployment: dict[str, Any]) -> dict[str, Any]:
+    containers = deployment["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    container: dict[str, Any] = containers[0]
+    return container
+
+
+def _mounted_files(
+    spec: SpecDeploymentSpec, config: SpecConfig, deployment: dict[str, Any]
+) -> dict[str, str]:
+    """The sidecar files as the container sees them: mount path + ConfigMap key."""
+    cm = desired_config_map(name="x", namespace="ns", spec=spec, config=config)
+    if cm is None:
+        return {}
+    mounts = _container(deployment)["volumeMounts"]
+    (mount,) = [m for m in mounts if m["name"] == "specpilot-sidecar"]
+    volumes = deployment["spec"]["template"]["spec"]["volumes"]
+    (volume,) = [v for v in volumes if v["name"] == "specpilot-sidecar"]
+    assert volume["configMap"]["name"] == cm["metadata"]["name"]
+    return {posixpath.join(mount["mountPath"], k): v for k, v in cm["data"].items()}
+
+
+SCHEDULED = [
+    (
+        "vllm",
+        SpecConfig(method="ngram", num_speculative_tokens=4, schedule=((1, 8, 4), (9, 64, 1))),
+    ),
+    (
+        "sglang",
+        SpecConfig(
+            method="eagle3",
+            num_speculative_tokens=3,
+            draft_model="d",
+            schedule=((1, 8, 3), (9, 32, 1), (33, 256, 0)),
+        ),
+    ),
+    (
+        "sglang",
+        SpecConfig(
+            method="eagle3", num_speculative_tokens=3, draft_model="d", engine_adaptive=True
+        ),
+    ),
+    (
+        "sglang",
+        SpecConfig(
+            method="eagle",
+            num_speculative_tokens=3,
+            draft_model="d",
+            eagle_topk=4,
+            num_draft_tokens=8,
+        ),
+    ),
+]
+
+
+def _round_trip_cases() -> list[tuple[str, SpecDeploymentSpec, SpecConfig]]:
+    cases = []
+    for path in EXAMPLES:
+        _, spec = _example(path)
+        cases += [(f"{path.stem}:{c.describe()}", spec, c) for c in spec.candidates]
+    for engine, config in SCHEDULED:
+        cases.append((f"{engine}:{config.describe()}", _spec(engine=engine), config))
+    return cases
+
+
+ROUND_TRIP = _round_trip_cases()
+
+
+@pytest.mark.parametrize(
+    ("spec", "config"), [c[1:] for c in ROUND_TRIP], ids=[c[0] for c in ROUND_TRIP]
+)
+def test_container_args_parse_back_to_the_config(
+    spec: SpecDeploymentSpec, config: SpecConfig
+) -> None:
+    deployment = desired_deployment(name="x", namespace="ns", spec=spec, config=config)
+    container = _container(deployment)
+    adapter = get_adapter(spec.engine)
+    assert container["command"] == adapter.program("python3")
+    files = _mounted_files(spec, config, deployment)
+    assert adapter.parse(container["args"], files=files) == config
+    annotation = deployment["spec"]["template"]["metadata"]["annotations"][CONFIG_ANNOTATION]
+    assert SpecConfig.from_json(annotation) == config
+
+
+def test_rolling_update_surges_one_and_never_drops_capacity() -> None:
+    spec = _spec()
+    deployment = desired_deployment(name="x", namespace="ns", spec=spec, config=SpecConfig())
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    assert deployment["spec"]["progressDeadlineSeconds"] == spec.tuning.rollout_timeout_s
+
+
+def test_gpu_and_memory_requests_and_limits() -> None:
+    spec = _spec(resources={"gpus": 2, "memory": "64Gi", "cpu": "8"})
+    resources = _container(
+        desired_deployment(name="x", namespace="ns", spec=spec, config=SpecConfig())
+    )["resources"]
+    assert resources["requests"] == {"nvidia.com/gpu": "2", "cpu": "8", "memory": "64Gi"}
+    assert resources["limits"] == {"nvidia.com/gpu": "2", "memory": "64Gi"}
+    no_gpu = _container(
+        desired_deployment(
+            name="x", namespace="ns", spec=_spec(resources={"gpus": 0}), config=SpecConfig()
+        )
+    )
+    assert "resources" not in no_gpu
+
+
+def test_probes_cover_model_loading() -> None:
+    spec = _spec(tuning={"rolloutTimeoutSeconds": 1200})
+    container = _container(
+        desired_deployment(name="x", namespace="ns", spec=spec, config=SpecConfig())
+    )
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/health", "port": "http"}
+    startup = container["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 1200
+
+
+def test_replicas_belong_to_the_user_or_the_autoscaler() -> None:
+    unset = desired_deployment(name="x", namespace="ns", spec=_spec(), config=SpecConfig())
+    assert "replicas" not in unset["spec"]
+    pinned = desired_deployment(
+        name="x", namespace="ns", spec=_spec(replicas=3), config=SpecConfig()
+    )
+    assert pinned["spec"]["replicas"] == 3
+    canary = desired_deployment(
+        name="x", namespace="ns", spec=_spec(replicas=3), config=SpecConfig(), role="canary"
+    )
+    assert canary["spec"]["replicas"] == 1
+    assert canary["metadata"]["name"] == deployment_name("x", "canary") == "x-canary"
+
+
+def test_labels_selectors_and_naming() -> None:
+    spec = _spec()
+    main = desired_deployment(name="x", namespace="ns", spec=spec, config=SpecConfig())
+    canary = desired_deployment(
+        name="x", namespace="ns", spec=spec, config=SpecConfig(), role="canary"
+    )
+    service = desired_service(name="x", namespace="ns", spec=spec)
+    for deployment, role in ((main, "main"), (canary, "canary")):
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        assert labels[MANAGED_BY_LABEL] == "specpilot"
+        assert labels[INSTANCE_LABEL] == "x" and labels[ROLE_LABEL] == role and NAME_LABEL in labels
+        selector = deployment["spec"]["selector"]["matchLabels"]
+        assert selector.items() <= labels.items()
+        # The Service reaches both roles: the canary serves its share of real traffic.
+        assert service["spec"]["selector"].items() <= labels.items()
+    # Main and canary selectors are disjoint, so neither Deployment adopts the other's pods.
+    assert main["spec"]["selector"]["matchLabels"] != canary["spec"]["selector"]["matchLabels"]
+    assert pod_selector("x") == ",".join(
+        f"{k}={v}" for k, v in selector_labels("x", "main").items()
+    )
+    annotations = main["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert annotations["prometheus.io/port"] == "8000"
+
+
+def test_sidecar_config_map_is_immutable_and_named_by_content() -> None:
+    spec = _spec(engine="sglang")
+    first, second = (
+        SCHEDULED[1][1],
+        SpecConfig(
+            method="eagle3",
+            num_speculative_tokens=3,
+            draft_model="d",
+            schedule=((1, 4, 3), (5, 9, 1)),
+        ),
+    )
+    a = desired_config_map(name="x", namespace="ns", spec=spec, config=first)
+    b = desired_config_map(name="x", namespace="ns", spec=spec, config=second)
+    assert a is not None and b is not None
+    assert a["immutable"] is True
+    assert a["metadata"]["name"] != b["metadata"]["name"]
+    assert a["metadata"]["name"].startswith("x-sidecar-")
+    plain = SpecConfig(method="eagle3", num_speculative_tokens=3, draft_model="d")
+    assert desired_config_map(name="x", namespace="ns", spec=spec, config=plain) is None
+
+
+def test_command_override_keeps_speculative_args() -> None:
+    spec = _spec(command=["specpilot", "emulate", "--engine", "vllm"])
+    config = SpecConfig(method="ngram", num_speculative_tokens=3)
+    container = _container(desired_deployment(name="x", namespace="ns", spec=spec, config=config))
+    assert container["command"] == ["specpilot", "emulate", "--engine", "vllm"]
+    assert get_adapter("vllm").parse(container["args"]) == config
+
+
+def test_children_are_deterministic() -> None:
+    name, spec = _example(ROOT / "examples" / "sglang-dflash.yaml")
+    config = spec.candidates[-1]
+
+    def render() -> str:
+        again = decode_spec(
+            yaml.safe_load((ROOT / "examples" / "sglang-dflash.yaml").read_text())["spec"]
+        )
+        children = desired_children(
+            name=name,
+            namespace="ns",
+            spec=again,
+            config=config,
+            canary_config=spec.initial,
+            monitor_kind="PodMonitor",
+        )
+        return json.dumps(children)
+
+    assert render() == render()
+
+
+def test_children_order_and_canary() -> None:
+    spec = _spec(engine="sglang")
+    children = desired_children(
+        name="x",
+        namespace="ns",
+        spec=spec,
+        config=SCHEDULED[1][1],
+        canary_config=SCHEDULED[2][1],
+        monitor_kind="ServiceMonitor",
+    )
+    kinds = [(c["kind"], c["metadata"]["name"]) for c in children]
+    assert [k for k, _ in kinds] == [
+        "ConfigMap",
+        "Deployment",
+        "Deployment",
+        "Service",
+        "ServiceMonitor",
+    ]
+    assert kinds[1][1] == "x" and kinds[2][1] == "x-canary"
+    for child in children:
+        assert child["metadata"]["namespace"] == "ns"
+
+
+@pytest.mark.parametrize("kind", ["PodMonitor", "ServiceMonitor"])
+def test_monitor_selects_the_engine_pods(kind: str) -> None:
+    spec = _spec()
+    monitor = desired_monitor(name="x", namespace="ns", spec=spec, kind=kind)  # type: ignore[arg-type]
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["spec"]["selector"]["matchLabels"] == selector_labels("x")
+    endpoints = monitor["spec"]["podMetricsEndpoints" if kind == "PodMonitor" else "endpoints"]
+    assert endpoints[0]["port"] == "http" and endpoints[0]["path"] == "/metrics"
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: Path(p).name)
+def test_children_are_valid_kubernetes_objects(path: Path) -> None:
+    name, spec = _example(path)
+    sglang = spec.engine == "sglang"
+    config = SCHEDULED[1][1] if sglang else spec.initial
+    children = desired_children(
+        name=name, namespace="ns", spec=spec, config=config, canary_config=spec.initial
+    )
+    assert any(c["kind"] == "ConfigMap" for c in children) == sglang
+    for child in children:
+        kubernetes_validate.validate(child, K8S_VERSION, strict=True)

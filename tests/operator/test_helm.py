@@ -1,0 +1,135 @@
+"""The Helm chart with the real helm (4.1, from `make`'s .tools/kube): lint, render, and the
+rendered objects valid for Kubernetes 1.35; the CRD it ships is the repository's."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from crd_validation import CRD_PATH, ROOT
+
+HELM = ROOT / ".tools" / "kube" / "helm" / "helm"
+CHART = ROOT / "helm" / "specpilot"
+K8S_VERSION = "1.35.0"
+
+
+def helm(tmp_path: Path, *args: str) -> str:
+    assert HELM.exists(), f"{HELM} is missing: `make` fetches it (target .tools/kube)"
+    # Helm writes its cache and config under HOME; the test's own directory keeps runs apart.
+    env = {**os.environ, "HOME": str(tmp_path), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    done = subprocess.run(
+        [str(HELM), *args], capture_output=True, text=True, env=env, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def render(tmp_path: Path, *values: str) -> list[dict[str, Any]]:
+    sets = [arg for value in values for arg in ("--set", value)]
+    out = helm(tmp_path, "template", "rel", str(CHART), "-n", "specpilot", "--include-crds", *sets)
+    return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+def find(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    matches = [d for d in docs if d["kind"] == kind and name in (None, d["metadata"]["name"])]
+    assert len(matches) == 1, f"{len(matches)} {kind} {name or ''}"
+    return matches[0]
+
+
+def test_chart_crd_is_the_repository_crd() -> None:
+    assert (CHART / "crds" / "specdeployment.yaml").read_bytes() == CRD_PATH.read_bytes()
+
+
+def test_helm_lint(tmp_path: Path) -> None:
+    helm(tmp_path, "lint", "--strict", str(CHART))
+
+
+def test_rendered_objects_are_valid_kubernetes_objects(tmp_path: Path) -> None:
+    docs = render(tmp_path)
+    kinds = sorted(d["kind"] for d in docs)
+    assert kinds == sorted(
+        ["CustomResourceDefinition"] * 3
+        + ["ClusterKopfPeering", "ClusterRole", "ClusterRoleBinding", "Deployment"]
+        + ["Service", "ServiceAccount"]
+    )
+    for doc in docs:
+        if doc["apiVersion"].startswith("kopf.dev/"):
+            continue  # a custom resource; its CRD is in the chart
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    crd = find(docs, "CustomResourceDefinition", "specdeployments.specpilot.io")
+    assert crd == yaml.safe_load(CRD_PATH.read_text(encoding="utf-8"))
+
+
+def test_operator_deployment(tmp_path: Path) -> None:
+    docs = render(tmp_path)
+    deployment = find(docs, "Deployment")
+    assert deployment["spec"]["replicas"] == 2
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["command"] == ["specpilot", "operator"]
+    assert "--liveness=http://0.0.0.0:8080/healthz" in container["args"]
+    assert "--peering=specpilot" in container["args"] and "--all-namespaces" in container["args"]
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"health": 8080, "metrics": 9090}
+    assert container["env"][0]["name"] == "POD_ID"
+    assert pod["serviceAccountName"] == find(docs, "ServiceAccount")["metadata"]["name"]
+    service = find(docs, "Service")
+    assert (
+        service["spec"]["selector"].items() <= deployment["spec"]["selector"]["matchLabels"].items()
+    )
+    assert find(docs, "ClusterKopfPeering")["metadata"]["name"] == "specpilot"
+
+
+def _allowed(rules: list[dict[str, Any]], group: str, resource: str) -> set[str]:
+    verbs: set[str] = set()
+    for rule in rules:
+        if group in rule["apiGroups"] and resource in rule["resources"]:
+            verbs |= set(rule["verbs"])
+    return verbs
+
+
+def test_cluster_role_grants_what_the_operator_does(tmp_path: Path) -> None:
+    docs = render(tmp_path)
+    rules = find(docs, "ClusterRole")["rules"]
+    expected = {
+        ("specpilot.io", "specdeployments"): {"get", "list", "watch", "patch"},
+        ("specpilot.io", "specdeployments/status"): {"get", "patch"},
+        ("kopf.dev", "clusterkopfpeerings"): {"get", "list", "watch", "patch"},
+        ("kopf.dev", "kopfpeerings"): {"get", "list", "watch", "patch"},
+        ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
+        ("", "namespaces"): {"list", "watch"},
+        ("", "events"): {"create"},
+        ("apps", "deployments"): {"get", "list", "watch", "create", "patch", "delete"},
+        ("", "services"): {"get", "list", "watch", "create", "patch"},
+        ("", "configmaps"): {"get", "list", "watch", "create", "patch", "delete"},
+        ("", "pods"): {"get", "list", "watch"},
+        ("monitoring.coreos.com", "podmonitors"): {"get", "list", "watch", "create", "patch"},
+    }
+    for (group, resource), verbs in expected.items():
+        assert _allowed(rules, group, resource) == verbs, (group, resource)
+    assert all("*" not in r["verbs"] and "*" not in r["resources"] for r in rules)
+    binding = find(docs, "ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == find(docs, "ClusterRole")["metadata"]["name"]
+
+
+@pytest.mark.parametrize("count", [1, 3])
+def test_values_change_what_they_say(tmp_path: Path, count: int) -> None:
+    docs = render(
+        tmp_path,
+        f"replicaCount={count}",
+        "operator.allNamespaces=false",
+        "operator.namespaces={llm,batch}",
+    )
+    deployment = find(docs, "Deployment")
+    assert deployment["spec"]["replicas"] == count
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--namespace=llm" in args and "--namespace=batch" in args
+    assert "--all-namespaces" not in args
+    assert not [d for d in docs if d["kind"] == "ClusterKopfPeering"]
