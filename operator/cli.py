@@ -19,7 +19,13 @@ from pathlib import Path
 
 import httpx
 
-from specpilot.operator import bench_command, run_command, simulate_command
+from specpilot.operator import (
+    bench_command,
+    demo_command,
+    operator_command,
+    run_command,
+    simulate_command,
+)
 from specpilot.runtime.engines import ADAPTERS, LaunchSettings, get_adapter
 from specpilot.runtime.metrics import observe, observe_per_pod
 from specpilot.runtime.promql import PromQLError, PromQLReader
@@ -137,6 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     simulate_command.add_parser(sub)
     run_command.add_parser(sub)
     bench_command.add_parser(sub)
+    operator_command.add_parser(sub)
+    demo_command.add_parser(sub)
 
     emulate = sub.add_parser(
         "emulate",

@@ -4,6 +4,13 @@ Contract: `ControlLoop.tick(now)` observes one window through the actuator, asks
 for a decision, applies a switch through the actuator and records what happened; a switch the
 engine cannot start is rolled back to the previous config and that config is not tried again
 for `failed_backoff_s`. The loop owns no clock: `now` comes from the caller.
+
+With `goodput_tolerance` set, a switch is also checked on the first window after it: when the
+measured per-sequence speed (tokens/s over running requests) falls short of the prediction (the
+pre-switch speed x (1 + predicted gain)) by more than that fraction, the loop rolls back the
+same way and backs the config off. Per-sequence speed, not tokens/s: with open-loop traffic
+below saturation tokens/s is the offered load whatever the config. When the batch moved by more
+than `comparable_batch_ratio` the two windows do not compare and the check is skipped.
 """
 
 from __future__ import annotations
@@ -33,6 +40,19 @@ class TickRecord:
     decision: Decision
     applied: bool
     error: str | None = None
+    rolled_back: bool = False
+    """The goodput check undid the previous switch in this tick (`decision` says back to what)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _PendingCheck:
+    """A switch whose first window has not been measured yet."""
+
+    config: SpecConfig
+    previous: SpecConfig
+    tokens_per_s_before: float
+    batch_before: float
+    predicted_gain: float
 
 
 @dataclass(kw_only=True)
@@ -44,14 +64,29 @@ class ControlLoop:
     window_s: float = 10.0
     failed_backoff_s: float = 3600.0
     on_tick: Callable[[TickRecord], None] | None = None
+    goodput_tolerance: float | None = None
+    """Roll a switch back when its first window's per-sequence speed is more than this fraction
+    below the predicted one; None disables the check."""
+    comparable_batch_ratio: float = 1.5
+    """The goodput check only judges when the batch moved by at most this factor."""
     history: list[TickRecord] = field(default_factory=list)
     _failed: dict[SpecConfig, float] = field(default_factory=dict)
+    _pending: _PendingCheck | None = None
 
     def start(self) -> None:
         self.actuator.apply(self.state.current)
 
     def tick(self, now: float) -> TickRecord:
         observation = self.actuator.observe(self.window_s)
+        record = self._check_goodput(observation, now)
+        if record is None:
+            record = self._decide_and_act(observation, now)
+        self.history.append(record)
+        if self.on_tick is not None:
+            self.on_tick(record)
+        return record
+
+    def _decide_and_act(self, observation: Observation, now: float) -> TickRecord:
         settings = self._without_failed(now)
         previous = self.state
         decision, state = decide(observation, self.state, settings, self.cost, now)
@@ -61,6 +96,7 @@ class ControlLoop:
                 self.actuator.apply(decision.config)
                 self.state = state
                 record = replace(record, applied=True)
+                self._pending = self._pending_check(observation, decision, previous.current)
             except Exception as exc:  # the engine refused: roll back, remember, back off
                 self._failed[decision.config] = now
                 self.actuator.apply(previous.current)
@@ -68,10 +104,51 @@ class ControlLoop:
                 record = replace(record, error=f"{type(exc).__name__}: {exc}"[:500])
         else:
             self.state = state
-        self.history.append(record)
-        if self.on_tick is not None:
-            self.on_tick(record)
         return record
+
+    def _pending_check(
+        self, before: Observation, decision: Decision, previous: SpecConfig
+    ) -> _PendingCheck | None:
+        tokens_per_s, batch = before.generation_tokens_per_s, before.running_requests
+        if self.goodput_tolerance is None or not tokens_per_s or not batch:
+            return None
+        gain = decision.predicted_gain
+        return _PendingCheck(decision.config, previous, tokens_per_s, batch, gain)
+
+    def _check_goodput(self, observation: Observation, now: float) -> TickRecord | None:
+        """The rollback record when the last switch fell short of its prediction, else None."""
+        pending, self._pending = self._pending, None
+        if pending is None or self.goodput_tolerance is None:
+            return None
+        if pending.config != self.state.current:
+            return None
+        tokens_per_s, batch = observation.generation_tokens_per_s, observation.running_requests
+        if tokens_per_s is None or not batch:
+            return None
+        moved = max(batch, pending.batch_before) / min(batch, pending.batch_before)
+        if moved > self.comparable_batch_ratio:
+            return None  # the load moved: the windows before and after do not compare
+        before = pending.tokens_per_s_before / pending.batch_before
+        predicted = before * (1.0 + pending.predicted_gain)
+        measured = tokens_per_s / batch
+        if measured >= predicted * (1.0 - self.goodput_tolerance):
+            return None
+        reason = (
+            f"rolled back {pending.config.describe()}: measured {measured:.1f} tok/s per "
+            f"sequence, predicted {predicted:.1f} (gain {pending.predicted_gain:+.1%} over "
+            f"{before:.1f}), short by more than {self.goodput_tolerance:.0%}"
+        )
+        self._failed[pending.config] = now
+        self.actuator.apply(pending.previous)
+        self.state = replace(self.state, current=pending.previous, since_s=now)
+        decision = Decision(
+            action="switch" if pending.previous.speculative else "off",
+            config=pending.previous,
+            reason=reason,
+            predicted_gain=0.0,
+            regime="unknown",
+        )
+        return TickRecord(now, observation, decision, applied=True, error=reason, rolled_back=True)
 
     def _without_failed(self, now: float) -> TunerSettings:
         blocked = {c for c, t in self._failed.items() if now - t < self.failed_backoff_s}

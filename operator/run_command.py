@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 from typing import cast
 
 from specpilot.operator.loop import ControlLoop, TickRecord
@@ -13,6 +14,7 @@ from specpilot.runtime.emulator.acceptance import acceptance_curve
 from specpilot.runtime.engines import LaunchSettings, get_adapter
 from specpilot.runtime.local_engine import LocalEngine
 from specpilot.tuner.acceptance import AcceptanceCurve
+from specpilot.tuner.hardware import StepTimeModel
 from specpilot.tuner.policy import TunerSettings
 from specpilot.tuner.spec_config import (
     DRAFT_WEIGHT_METHODS,
@@ -50,6 +52,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     parser.add_argument("--restart-budget", type=int, default=4, help="restarts per hour")
     parser.add_argument("--restart-downtime", type=float, default=60.0)
     parser.add_argument("--slo-tpot-p95-ms", type=float)
+    parser.add_argument(
+        "--step-time-fit",
+        metavar="FILE",
+        help="JSON step-time fit (fixed_s, per_token_s, per_kv_token_s, as `specpilot probe "
+        "--json` writes) for the tuner instead of the --gpu roofline, e.g. on a CPU",
+    )
     parser.add_argument("extra_args", nargs=argparse.REMAINDER, help="after --: engine flags")
     parser.set_defaults(run=run)
 
@@ -132,7 +140,7 @@ def run(ns: argparse.Namespace) -> int:
     loop = ControlLoop(
         actuator=engine,
         settings=settings,
-        cost=StepCost.for_hardware(ns.gpu, ns.model_profile),
+        cost=_step_cost(ns),
         state=TunerState.initial(initial, time.time(), priors),
         window_s=ns.window,
         on_tick=_print_tick,
@@ -146,6 +154,14 @@ def run(ns: argparse.Namespace) -> int:
     finally:
         engine.stop()
     return 0
+
+
+def _step_cost(ns: argparse.Namespace) -> StepCost:
+    if ns.step_time_fit is None:
+        return StepCost.for_hardware(ns.gpu, ns.model_profile)
+    path = Path(ns.step_time_fit)
+    model = StepTimeModel.from_fit_json(json.loads(path.read_text()), source=f"fit {path}")
+    return StepCost.from_fit(model, ns.gpu, ns.model_profile)
 
 
 def _print_tick(record: TickRecord) -> None:

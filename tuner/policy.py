@@ -46,6 +46,9 @@ class TunerSettings:
     """Horizon the gain of a switch is counted over."""
     hysteresis: float = 0.05
     """Minimum relative gain to act on, whatever the cost."""
+    saturation_tolerance: float = 0.02
+    """How far below the best a config may be at saturation (max-num-seqs reached): there a
+    capacity shortfall is not a slowdown but a queue that grows for as long as it lasts."""
     slo_tpot_p95_s: float | None = None
     max_downside: float = 0.05
     window_s: float = 60.0
@@ -119,7 +122,11 @@ def decide(
     state = state.remember_batch(batch)
     forecast = _forecast_batch(state.recent_batches, settings)
     if forecast is not None:
-        scored = _blend_forecast(scored, surrogate, current, now_pred, forecast, context)
+        scored, current_merit = _plan_ahead(
+            scored, surrogate, current, now_pred, forecast, context, cost, settings
+        )
+        # The running config is judged by the same plan: it too may face a restart ahead.
+        now_pred = replace(now_pred, tokens_per_s=now_pred.tokens_per_s * current_merit)
     best_config, best = max(scored, key=lambda item: item[1].tokens_per_s)
     gain = best.tokens_per_s / now_pred.tokens_per_s - 1.0
 
@@ -156,7 +163,7 @@ def decide(
             f"{best_config.describe()} predicted {gain:+.1%} but the restart budget "
             f"({settings.restart_budget_per_hour}/h) is spent"
         )
-    switch_cost = settings.restart_downtime_s * now_pred.tokens_per_s
+    switch_cost = _switch_cost(now_pred.tokens_per_s, batch, context, cost, settings)
     payoff = (best.tokens_per_s - now_pred.tokens_per_s) * settings.expected_dwell_s
     if gain < settings.hysteresis or payoff <= switch_cost:
         return stay(
@@ -223,37 +230,66 @@ def _score(
 def _forecast_batch(recent: Sequence[float], settings: TunerSettings) -> float | None:
     """Where the load is heading over the next half dwell, if it is clearly moving.
 
-    The geometric trend of the last windows' batch, extrapolated and bounded (at most 8x either
+    The geometric trend of the last windows' batch, extrapolated and bounded (at most 16x either
     way, at most max-num-seqs); None when the load is steady (under 25% change forecast).
     """
     if len(recent) < 3 or min(recent) <= 0:
         return None
     steps = len(recent) - 1
-    growth = float((recent[-1] / recent[0]) ** (1 / steps))
+    growth = math.pow(recent[-1] / recent[0], 1 / steps)
     horizon_windows = max(1.0, settings.expected_dwell_s / 2 / settings.window_s)
-    forecast = recent[-1] * min(max(growth**horizon_windows, 0.125), 8.0)
+    forecast = recent[-1] * min(max(math.pow(growth, horizon_windows), 1 / 16), 16.0)
     forecast = min(forecast, float(settings.max_batch))
     if abs(math.log(forecast / recent[-1])) < math.log(1.25):
         return None
     return forecast
 
 
-def _blend_forecast(
+def _switch_cost(
+    tokens_per_s: float, batch: float, context: float, cost: StepCost, settings: TunerSettings
+) -> float:
+    """Tokens a restart loses: its downtime at the current rate, plus the time the new engine
+    spends recomputing the running requests' context before it serves again."""
+    recompute_s = batch * context * cost.step_model.per_token_s
+    return (settings.restart_downtime_s + recompute_s) * tokens_per_s
+
+
+def _plan_ahead(
     scored: Sequence[tuple[SpecConfig, Prediction]],
     surrogate: Surrogate,
     current: SpecConfig,
     now_pred: Prediction,
     forecast: float,
     context: float,
-) -> list[tuple[SpecConfig, Prediction]]:
-    """Each config's merit, relative to the running one, averaged over now and the forecast."""
-    ahead = surrogate.predict(current, forecast, context).tokens_per_s
-    blended = []
-    for config, pred in scored:
-        later = surrogate.predict(config, forecast, context).tokens_per_s / ahead
-        merit = (pred.tokens_per_s / now_pred.tokens_per_s + 2 * later) / 3
-        blended.append((config, replace(pred, tokens_per_s=now_pred.tokens_per_s * merit)))
-    return blended
+    cost: StepCost,
+    settings: TunerSettings,
+) -> tuple[list[tuple[SpecConfig, Prediction]], float]:
+    """Each config's merit over the dwell ahead when the load is moving, relative to now.
+
+    The merit weighs the forecast load twice as much as the present (most of the dwell is
+    spent there), and a config that will not be near-best at the forecast pays, spread over
+    the dwell, the restart it will need then: switching at a high load costs most, so it is
+    better to arrive there already on the right config. Returns the planned predictions (rates
+    scaled by merit) and the running config's own merit.
+    """
+    ahead = {c: surrogate.predict(c, forecast, context).tokens_per_s for c, _ in scored}
+    ahead_current = surrogate.predict(current, forecast, context).tokens_per_s
+    best_ahead = max(ahead.values())
+    later_switch = _switch_cost(best_ahead, forecast, context, cost, settings) / (
+        now_pred.tokens_per_s * settings.expected_dwell_s
+    )
+    saturating = forecast >= 0.9 * settings.max_batch
+    tolerance = settings.saturation_tolerance if saturating else settings.hysteresis
+
+    def merit(now_rate: float, ahead_rate: float) -> float:
+        value = (now_rate / now_pred.tokens_per_s + 2 * ahead_rate / ahead_current) / 3
+        return value - later_switch if best_ahead > ahead_rate * (1 + tolerance) else value
+
+    planned = [
+        (c, replace(p, tokens_per_s=now_pred.tokens_per_s * merit(p.tokens_per_s, ahead[c])))
+        for c, p in scored
+    ]
+    return planned, merit(now_pred.tokens_per_s, ahead_current)
 
 
 def _explore(

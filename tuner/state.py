@@ -1,10 +1,11 @@
 """Tuner state: what the tuner has learned, as bounded JSON an operator can persist and resume.
 
 Contract: `TunerState` is frozen; learning returns a new state. It holds the running config and
-since when, recent restart times (the last hour's), per-method acceptance estimates, a global
-prompt/output token ratio of the traffic and per-(config, batch bucket) residual summaries
-(log of measured over prior throughput, recent windows weighted most), at most MAX_RESIDUALS of them (the least-supported are dropped first), so its JSON
-stays small whatever the history length.
+since when, recent restart times (the last hour's), per-method acceptance estimates, the
+traffic's prompt/output token ratio and context per request, the last few windows' batch (the
+load's trend) and per-(config, batch bucket) residual summaries (log of measured over prior
+throughput, recent windows weighted most), at most MAX_RESIDUALS of them (the least-supported
+are dropped first), so its JSON stays small whatever the history length.
 """
 
 from __future__ import annotations

@@ -7,6 +7,11 @@ waits the model-load delay (no port is open meanwhile, as with a real engine), t
 /metrics in that engine's exact metric dialect. One engine loop steps the core and sleeps for
 each step's emulated duration; tokens reach the waiting requests as they are emitted.
 
+With `--require-local-weights` the emulator refuses to start, as vLLM and SGLang do, when the
+target or draft model is a local path (absolute or ./-relative) with nothing there; without it
+(the default) any name is accepted, since the emulator loads no weights. Tests use it to make a
+config really fail at start: a candidate whose draft weights are missing.
+
 Requests may carry `"task"` (chat | code | summarize | math | creative) to pick the
 acceptance curve; otherwise the server's --task applies. Prompt tokens are counted as
 whitespace-separated words; the text is filler: this engine has no model.
@@ -21,6 +26,7 @@ import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -73,13 +79,17 @@ def parse_settings(argv: Sequence[str]) -> EmulatorSettings:
     own.add_argument("--load-delay", type=float, default=None, help="seconds before serving")
     own.add_argument("--task", default="chat", choices=TASKS)
     own.add_argument("--seed", type=int, default=0)
+    own.add_argument("--require-local-weights", action="store_true")
     ns, engine_args = own.parse_known_args(list(argv))
     config = get_adapter(ns.engine).parse(engine_args)
     found = find_flags(engine_args, _LAUNCH_FLAGS)
     model = found["model"].value if "model" in found else None
+    flag = "--model" if ns.engine == "vllm" else "--model-path"
     if not model:
-        flag = "--model" if ns.engine == "vllm" else "--model-path"
         raise ConfigError(flag, None, "the served model's path or name")
+    if ns.require_local_weights:
+        _require_weights(flag, model)
+        _require_weights("draft_model", config.draft_model)
     served = found["served"].value if "served" in found else model
     perf = StepCost.for_hardware(ns.gpu, ns.model_profile)  # validates both names
     load_delay = ns.load_delay
@@ -100,11 +110,22 @@ def parse_settings(argv: Sequence[str]) -> EmulatorSettings:
     )
 
 
+def _require_weights(field: str, path: str | None) -> None:
+    if path is None or not path.startswith(("/", "./", "../")):
+        return  # a hub repo id: a real engine would download it
+    if not Path(path).exists():
+        raise ConfigError(field, path, "a local directory that exists", "no weights there")
+
+
 @dataclass(eq=False)
 class _Pending:
     request: Request
     streaming: bool
     tokens: asyncio.Queue[int | None] = field(default_factory=asyncio.Queue)
+
+
+MAX_LAG_S = 0.5
+"""How far emulated time may trail the wall clock before it gives up catching up."""
 
 
 class EmulatedEngine:
@@ -144,15 +165,23 @@ class EmulatedEngine:
         return pending
 
     async def run(self) -> None:
+        cursor: float | None = None
         while True:
-            outcome = self.core.step(self.now())
+            now = self.now()
+            # Steps run back to back in emulated time: a late wakeup of the event loop (a busy
+            # host) is caught up on the next steps instead of lost, unless the loop fell more
+            # than MAX_LAG_S behind; then emulated time jumps to the real clock.
+            start = now
+            if cursor is not None and now - cursor <= MAX_LAG_S:
+                start = cursor
+            outcome = self.core.step(start)
             if outcome is None:
+                cursor = None
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            # Sleep to the step's emulated end; lateness of the event loop is absorbed by
-            # starting the next step from the real clock.
-            await asyncio.sleep(max(0.0, outcome.start_s + outcome.duration_s - self.now()))
+            cursor = outcome.start_s + outcome.duration_s
+            await asyncio.sleep(max(0.0, cursor - self.now()))
             self.exposition.record_step(outcome, self.core)
             for request_id, tokens in outcome.emitted.items():
                 pending = self._pending.get(request_id)

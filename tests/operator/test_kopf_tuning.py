@@ -1,0 +1,189 @@
+"""reconcile() and tune() as plain functions against the mock API server, with a fake actuator.
+
+No kopf here: these are the functions the kopf handlers call, driven directly, so each tuning
+mode and the rollback path are checked in a second each.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from kube.apiserver import ApiServer, running_apiserver
+
+from specpilot.operator.crd_spec import SpecDeploymentSpec
+from specpilot.operator.kube_rest import KubeRest
+from specpilot.operator.reconcile import reconcile
+from specpilot.operator.tuning import forget, tune
+from specpilot.tuner.observation import Observation
+from specpilot.tuner.spec_config import SpecConfig
+
+SPD_PATH = "/apis/specpilot.io/v1alpha1/namespaces/default/specdeployments"
+
+
+class FakeActuator:
+    def __init__(self, observation: Observation, refuse: SpecConfig | None = None) -> None:
+        self.observation, self.refuse = observation, refuse
+        self.applied: list[SpecConfig] = []
+
+    def apply(self, config: SpecConfig) -> None:
+        self.applied.append(config)
+        if config == self.refuse:
+            raise RuntimeError("pods crash-looped")
+
+    def observe(self, window_s: float) -> Observation:
+        return self.observation
+
+
+def later() -> float:
+    """A tick's time: after the state's start (real time at reconcile), past no dwell."""
+    return time.time() + 60.0
+
+
+def busy(batch: float = 256.0, tokens_per_s: float = 9000.0) -> Observation:
+    """A compute-bound window: n-gram speculation costs more than it gives here."""
+    return Observation(
+        engine="vllm", window_s=4.0, pods=("p-0",), acceptance_length=1.2, acceptance_rate=0.07,
+        acceptance_per_position=None, running_requests=batch, waiting_requests=40.0,
+        kv_cache_usage=0.9, generation_tokens_per_s=tokens_per_s, tpot_p50_s=0.03,
+        tpot_p95_s=0.05, ttft_p95_s=0.4,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def api(tmp_path: Path) -> Iterator[ApiServer]:
+    with running_apiserver(tmp_path) as server:
+        yield server
+
+
+@pytest.fixture
+def rest(api: ApiServer) -> KubeRest:
+    return KubeRest.from_config(str(api.kubeconfig))
+
+
+def create(api: ApiServer, name: str, mode: str) -> dict[str, Any]:
+    body = {
+        "apiVersion": "specpilot.io/v1alpha1",
+        "kind": "SpecDeployment",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "engine": "vllm",
+            "model": "m",
+            "speculative": {
+                "candidates": [{"method": "ngram", "maxK": 4}],
+                "initial": {"method": "ngram", "k": 4},
+            },
+            "tuning": {"mode": mode, "intervalSeconds": 5, "minDwellSeconds": 0},
+        },
+    }
+    created = httpx.post(api.url + SPD_PATH, json=body)
+    assert created.status_code == 201, created.text
+    forget("default", name)
+    result: dict[str, Any] = created.json()
+    return result
+
+
+def factory(actuator: FakeActuator) -> Callable[..., FakeActuator]:
+    def make(rest: KubeRest, body: Any, spec: SpecDeploymentSpec, sleep: Any) -> FakeActuator:
+        return actuator
+
+    return make
+
+
+def spd(api: ApiServer, name: str) -> dict[str, Any]:
+    found: dict[str, Any] = api.get("specpilot.io", "specdeployments", "default", name)
+    return found
+
+
+def events(api: ApiServer, name: str) -> dict[str, dict[str, Any]]:
+    return {
+        e["reason"]: e
+        for e in api.list("", "events", "default")
+        if e["involvedObject"]["name"] == name
+    }
+
+
+def test_reconcile_is_idempotent(api: ApiServer, rest: KubeRest) -> None:
+    body = create(api, "idem", "auto")
+    reconcile(rest, body)
+    versions = {
+        o["metadata"]["name"] + o["kind"]: o["metadata"]["resourceVersion"]
+        for o in api.list("apps", "deployments") + api.list("", "services") + [spd(api, "idem")]
+    }
+    reconcile(rest, spd(api, "idem"))
+    again = {
+        o["metadata"]["name"] + o["kind"]: o["metadata"]["resourceVersion"]
+        for o in api.list("apps", "deployments") + api.list("", "services") + [spd(api, "idem")]
+    }
+    assert again == versions  # nothing written the second time, not even status
+
+
+def test_auto_switches_persists_and_reconcile_agrees(api: ApiServer, rest: KubeRest) -> None:
+    body = create(api, "auto", "auto")
+    reconcile(rest, body)
+    actuator = FakeActuator(busy())
+    now = later()
+    outcome = tune(rest, spd(api, "auto"), now=now, make_actuator=factory(actuator))
+    assert outcome is not None and outcome.applied
+    assert outcome.action in ("switch", "off")
+    (applied,) = actuator.applied
+    status = spd(api, "auto")["status"]
+    assert status["lastDecision"]["action"] == outcome.action
+    assert status["currentConfig"]["description"] == applied.describe()
+    assert json.loads(status["tunerState"])["current"] == applied.to_dict()
+    assert status["regime"] in ("transition", "compute-bound")
+    assert status["observed"]["batch"] == 256.0
+    assert any(r in events(api, "auto") for r in ("TunerSwitched", "TunerSpeculationOff"))
+    # The next reconcile renders the config the tuner chose: the template already says so.
+    reconcile(rest, spd(api, "auto"))
+    template = api.get("apps", "deployments", "default", "auto")["spec"]["template"]
+    assert json.loads(template["metadata"]["annotations"]["specpilot.io/config"]) == (
+        applied.to_dict()
+    )
+    # Not due again before spec.tuning.intervalSeconds.
+    assert tune(rest, spd(api, "auto"), now=now + 1, make_actuator=factory(actuator)) is None
+
+
+def test_recommend_only_writes_a_recommendation(api: ApiServer, rest: KubeRest) -> None:
+    body = create(api, "reco", "recommend")
+    reconcile(rest, body)
+    actuator = FakeActuator(busy())
+    outcome = tune(rest, spd(api, "reco"), now=later(), make_actuator=factory(actuator))
+    assert outcome is not None and outcome.action == "recommend"
+    assert actuator.applied == []
+    status = spd(api, "reco")["status"]
+    assert status["currentConfig"]["numSpeculativeTokens"] == 4  # still what it was
+    assert status["recommendation"]["config"]["description"] != "ngram K=4"
+    assert status["recommendation"]["predictedGain"] > 0
+    assert "TunerRecommends" in events(api, "reco")
+
+
+def test_off_pins_the_config(api: ApiServer, rest: KubeRest) -> None:
+    reconcile(rest, create(api, "pinned", "off"))
+    actuator = FakeActuator(busy())
+    assert tune(rest, spd(api, "pinned"), now=later(), make_actuator=factory(actuator)) is None
+    assert actuator.applied == []
+
+
+def test_a_config_that_fails_is_rolled_back_and_backed_off(api: ApiServer, rest: KubeRest) -> None:
+    reconcile(rest, create(api, "crashy", "auto"))
+    probe = FakeActuator(busy())
+    first = tune(rest, spd(api, "crashy"), now=later(), make_actuator=factory(probe))
+    assert first is not None
+    target = probe.applied[0]
+    # Same situation on another object, but the chosen config crashes.
+    reconcile(rest, create(api, "crashy2", "auto"))
+    actuator = FakeActuator(busy(), refuse=target)
+    outcome = tune(rest, spd(api, "crashy2"), now=later(), make_actuator=factory(actuator))
+    assert outcome is not None and outcome.action == "error"
+    assert actuator.applied[0] == target and actuator.applied[-1].max_k == 4  # rolled back
+    status = spd(api, "crashy2")["status"]
+    assert status["currentConfig"]["numSpeculativeTokens"] == 4
+    assert "pods crash-looped" in status["lastDecision"]["reason"]
+    assert json.loads(status["tunerState"])["failed"][0][0] == target.to_dict()
+    assert events(api, "crashy2")["TunerSwitchFailed"]["type"] == "Warning"

@@ -1,0 +1,347 @@
+"""The Kubernetes actuator's logic without a cluster: rollout reading (operator/rollout.py),
+patch/follow/timeout/crash/canary with an in-memory API and a fake clock, and the loop's
+goodput check (operator/loop.py) with a scripted actuator."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from specpilot.operator.kube_actuator import (
+    CanaryRejected,
+    KubeActuator,
+    RolloutError,
+)
+from specpilot.operator.loop import ControlLoop
+from specpilot.operator.pod_metrics import PodTarget, pod_target
+from specpilot.operator.rollout import rollout_status
+from specpilot.runtime.emulator.acceptance import acceptance_curve
+from specpilot.runtime.metrics import WindowStats
+from specpilot.tuner.observation import Observation
+from specpilot.tuner.policy import TunerSettings
+from specpilot.tuner.spec_config import SpecConfig
+from specpilot.tuner.state import TunerState
+from specpilot.tuner.step_cost import StepCost
+
+Obj = dict[str, Any]
+EAGLE = SpecConfig(method="eagle3", num_speculative_tokens=3, draft_model="/d")
+
+
+def deployment(config: SpecConfig, replicas: int = 2, role: str = "main") -> Obj:
+    labels = {"app": "llm", "role": role}
+    return {
+        "metadata": {"name": "llm" if role == "main" else "llm-canary", "generation": 1},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {
+                    "labels": labels,
+                    "annotations": {"specpilot.io/config": config.to_json()},
+                },
+                "spec": {"containers": [{"name": "engine", "args": [config.describe()]}]},
+            },
+        },
+    }
+
+
+def pod(
+    name: str, config: SpecConfig, *, ready: bool = True, role: str = "main", **state: Any
+) -> Obj:
+    return {
+        "metadata": {
+            "name": name,
+            "labels": {"app": "llm", "role": role},
+            "annotations": {"specpilot.io/config": config.to_json()},
+        },
+        "spec": {
+            "containers": [{"name": "engine", "ports": [{"name": "http", "containerPort": 8000}]}]
+        },
+        "status": {
+            "podIP": f"10.0.0.{len(name)}",
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+            "containerStatuses": [{"name": "engine", "state": state or {"running": {}}}],
+        },
+    }
+
+
+@dataclass
+class FakeCluster:
+    """Deployments and pods in memory; `controller(cluster)` plays the Deployment controller
+    and kubelet on every read, so a test scripts what the pods do."""
+
+    deployments: dict[str, Obj] = field(default_factory=dict)
+    pods: list[Obj] = field(default_factory=list)
+    controller: Callable[[FakeCluster], None] = lambda _: None
+    patches: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+
+    def read_deployment(self, namespace: str, name: str) -> Obj | None:
+        self.controller(self)
+        found = self.deployments.get(name)
+        return copy.deepcopy(found) if found else None
+
+    def create_deployment(self, namespace: str, body: Obj) -> Obj:
+        self.deployments[body["metadata"]["name"]] = copy.deepcopy(body)
+        return body
+
+    def replace_template(self, namespace: str, name: str, template: Obj) -> Obj:
+        live = self.deployments[name]
+        live["spec"]["template"] = copy.deepcopy(template)
+        live["metadata"]["generation"] += 1
+        self.patches.append(name)
+        return live
+
+    def delete_deployment(self, namespace: str, name: str) -> None:
+        if self.deployments.pop(name, None) is not None:
+            self.deleted.append(name)
+            self.pods = [p for p in self.pods if p["metadata"]["labels"]["role"] != "canary"]
+
+    def ensure_config_map(self, namespace: str, body: Obj) -> None:
+        pass
+
+    def list_pods(self, namespace: str, selector: Mapping[str, str]) -> list[Obj]:
+        return [
+            copy.deepcopy(p)
+            for p in self.pods
+            if all(p["metadata"]["labels"].get(k) == v for k, v in selector.items())
+        ]
+
+
+def settle(cluster: FakeCluster) -> None:
+    """A healthy controller: every Deployment's pods run its template, Ready."""
+    pods = []
+    for name, dep in cluster.deployments.items():
+        config = SpecConfig.from_json(
+            dep["spec"]["template"]["metadata"]["annotations"]["specpilot.io/config"]
+        )
+        role = dep["spec"]["selector"]["matchLabels"]["role"]
+        count = dep["spec"]["replicas"]
+        pods += [pod(f"{name}-{i}", config, role=role) for i in range(count)]
+        dep["status"] = {
+            "observedGeneration": dep["metadata"]["generation"],
+            "replicas": count, "updatedReplicas": count, "availableReplicas": count,
+        }  # fmt: skip
+    cluster.pods = pods
+
+
+@dataclass
+class FakeClock:
+    now: float = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@dataclass
+class PerPodMetrics:
+    """A MetricsSource answering tokens/s per pod from the config the pod runs."""
+
+    tokens_per_s: Callable[[PodTarget], float]
+    windows: list[tuple[str, ...]] = field(default_factory=list)
+
+    def window(
+        self, engine: str, targets: Sequence[PodTarget], window_s: float
+    ) -> list[WindowStats]:
+        self.windows.append(tuple(t.name for t in targets))
+        return [
+            WindowStats(
+                pod=t.name, window_s=window_s,
+                counters={"generation_tokens": self.tokens_per_s(t) * window_s},
+                gauges={"running": 4.0},
+            )
+            for t in targets
+        ]  # fmt: skip
+
+
+def actuator(cluster: FakeCluster, metrics: PerPodMetrics | None = None, **kw: Any) -> KubeActuator:
+    clock = FakeClock()
+
+    def render(config: SpecConfig, role: str) -> Obj:
+        return deployment(config, replicas=1 if role == "canary" else 2, role=role)
+
+    return KubeActuator(
+        api=cluster, name="llm", namespace="ns", engine="vllm", render=render,  # type: ignore[arg-type]
+        metrics=metrics or PerPodMetrics(lambda t: 100.0),
+        rollout_timeout_s=60, poll_s=1, clock=clock, sleep=clock.sleep, **kw,
+    )  # fmt: skip
+
+
+def test_rollout_status_reads_like_kubectl() -> None:
+    dep = deployment(EAGLE)
+    dep["status"] = {"observedGeneration": 0}
+    assert "controller" in rollout_status(dep, [], EAGLE.to_json()).message
+    dep["status"] = {"observedGeneration": 1, "replicas": 3, "updatedReplicas": 2}
+    assert "old replicas" in rollout_status(dep, [], EAGLE.to_json()).message
+    dep["status"] = {
+        "observedGeneration": 1,
+        "replicas": 2,
+        "updatedReplicas": 2,
+        "availableReplicas": 1,
+    }
+    assert not rollout_status(dep, [], EAGLE.to_json()).done
+    dep["status"]["availableReplicas"] = 2
+    assert rollout_status(dep, [], EAGLE.to_json()).done
+    dep["status"]["conditions"] = [{"type": "Progressing", "reason": "ProgressDeadlineExceeded"}]
+    assert rollout_status(dep, [], EAGLE.to_json()).failed
+
+
+def test_a_crash_looping_new_pod_fails_the_rollout_with_its_message() -> None:
+    crashed = pod("llm-new", EAGLE, ready=False, waiting={"reason": "CrashLoopBackOff"})
+    crashed["status"]["containerStatuses"][0]["lastState"] = {
+        "terminated": {"exitCode": 2, "message": "error: draft_model='/d' is invalid"}
+    }
+    old = pod("llm-old", SpecConfig())
+    status = rollout_status(deployment(EAGLE), [old, crashed], EAGLE.to_json())
+    assert status.failed and "CrashLoopBackOff (exit code 2)" in status.message
+    assert "draft_model" in status.message
+    # the same crash on a pod of another config is not this rollout's business
+    assert not rollout_status(deployment(EAGLE), [crashed], SpecConfig().to_json()).failed
+
+
+def test_apply_patches_the_template_only_and_follows_the_rollout() -> None:
+    cluster = FakeCluster(controller=settle)
+    act = actuator(cluster)
+    act.apply(SpecConfig())  # creates
+    act.apply(SpecConfig())  # already running: no patch
+    assert cluster.patches == []
+    cluster.deployments["llm"]["spec"]["replicas"] = 5  # an HPA scaled it
+    act.apply(EAGLE)
+    assert cluster.patches == ["llm"] and act.config == EAGLE
+    assert cluster.deployments["llm"]["spec"]["replicas"] == 5  # never written
+
+
+def test_a_rollout_that_never_gets_ready_times_out() -> None:
+    def stuck(cluster: FakeCluster) -> None:
+        for dep in cluster.deployments.values():
+            generation = dep["metadata"]["generation"]
+            dep["status"] = {"observedGeneration": generation, "replicas": 3, "updatedReplicas": 1}
+
+    cluster = FakeCluster(deployments={"llm": deployment(SpecConfig())}, controller=stuck)
+    act = actuator(cluster)
+    with pytest.raises(RolloutError, match="not Ready within 60s: 1 of 2 new replicas"):
+        act.apply(EAGLE)
+    assert act.config == SpecConfig()  # still what the Deployment runs
+
+
+def test_canary_is_compared_per_pod_then_promoted_or_discarded() -> None:
+    faster = PerPodMetrics(
+        lambda t: 150.0 if t.config and t.config["method"] == "eagle3" else 100.0
+    )
+    cluster = FakeCluster(controller=settle)
+    act = actuator(cluster, faster, canary=True, canary_window_s=10)
+    act.apply(SpecConfig())
+    act.apply(EAGLE)
+    assert act.last_canary is not None and act.last_canary.promoted
+    assert act.last_canary.canary_speed == pytest.approx(150.0 / 4)
+    assert len(faster.windows[-1]) == 3  # two main pods and the canary, one window
+    assert "llm-canary" in cluster.deleted and act.config == EAGLE
+
+    slower = PerPodMetrics(lambda t: 50.0 if t.config and t.config["method"] == "ngram" else 100.0)
+    act.metrics = slower
+    ngram = SpecConfig(method="ngram", num_speculative_tokens=3)
+    with pytest.raises(CanaryRejected, match=r"ngram.*rejected.*-50"):
+        act.apply(ngram)
+    assert act.config == EAGLE and "llm-canary" not in cluster.deployments
+    assert cluster.patches == ["llm"]  # main was patched once, for EAGLE only
+
+
+def test_pod_target_uses_the_prometheus_port_annotation_and_skips_unready_pods() -> None:
+    ready = pod("a", EAGLE)
+    ready["metadata"]["annotations"]["prometheus.io/port"] = "9000"
+    target = pod_target(ready)
+    assert target is not None and target.url.endswith(":9000/metrics")
+    assert target.config == json.loads(EAGLE.to_json())
+    assert pod_target(pod("b", EAGLE, ready=False)) is None
+
+
+@dataclass
+class ScriptedActuator:
+    throughput: dict[str, float]
+    applied: list[SpecConfig] = field(default_factory=list)
+
+    def apply(self, config: SpecConfig) -> None:
+        self.applied.append(config)
+
+    def observe(self, window_s: float) -> Observation:
+        current = self.applied[-1]
+        return Observation(
+            engine="vllm", window_s=window_s, pods=("p",), acceptance_length=None,
+            acceptance_rate=None, acceptance_per_position=None, running_requests=2.0,
+            waiting_requests=0.0, kv_cache_usage=0.1,
+            generation_tokens_per_s=self.throughput[current.method], tpot_p50_s=None,
+            tpot_p95_s=None, ttft_p95_s=None,
+        )  # fmt: skip
+
+
+def goodput_loop(actuator: ScriptedActuator) -> ControlLoop:
+    return ControlLoop(
+        actuator=actuator,
+        settings=TunerSettings(
+            candidates=(SpecConfig(), EAGLE),
+            min_dwell_s=0,
+            synthesize_schedules=False,
+            restart_downtime_s=1.0,
+            exploration=0.0,
+        ),
+        cost=StepCost.for_hardware("H100", "llama-3.1-8b"),
+        state=TunerState.initial(SpecConfig(), 0.0, {"eagle3": acceptance_curve("eagle3", "chat")}),
+        goodput_tolerance=0.25,
+    )
+
+
+def test_the_loop_rolls_back_a_switch_that_falls_short_of_its_prediction() -> None:
+    # At batch 2 the tuner predicts eagle3 about doubles throughput; it measures 10% less.
+    actuator = ScriptedActuator({"none": 200.0, "eagle3": 180.0})
+    loop = goodput_loop(actuator)
+    loop.start()
+    switched = loop.tick(100.0)
+    assert switched.applied and switched.decision.config == EAGLE
+    checked = loop.tick(200.0)
+    assert checked.rolled_back and checked.decision.config == SpecConfig()
+    assert "measured 90.0 tok/s per sequence" in (checked.error or "")
+    assert actuator.applied[-1] == SpecConfig() and loop.state.current == SpecConfig()
+    again = loop.tick(300.0)
+    assert not again.applied  # backed off: EAGLE is not tried again at once
+
+
+def test_the_goodput_check_passes_a_switch_that_delivers() -> None:
+    actuator = ScriptedActuator({"none": 200.0, "eagle3": 420.0})
+    loop = goodput_loop(actuator)
+    loop.start()
+    assert loop.tick(100.0).applied
+    checked = loop.tick(200.0)
+    assert not checked.rolled_back and loop.state.current == EAGLE
+
+
+def test_a_main_rollout_failing_after_the_canary_cleans_up_and_rolls_back_without_canary() -> None:
+    def crash_new_main(cluster: FakeCluster) -> None:
+        settle(cluster)
+        main = cluster.deployments.get("llm")
+        if (
+            main
+            and "eagle3"
+            in main["spec"]["template"]["metadata"]["annotations"]["specpilot.io/config"]
+        ):
+            main["status"]["availableReplicas"] = 0  # the promoted template never gets Ready
+
+    cluster = FakeCluster(controller=settle)
+    act = actuator(cluster, PerPodMetrics(lambda t: 100.0), canary=True, canary_window_s=5)
+    act.apply(SpecConfig())
+    cluster.controller = crash_new_main
+    with pytest.raises(RolloutError):
+        act.apply(EAGLE)
+    assert "llm-canary" not in cluster.deployments and act.config == SpecConfig()
+    canaries = len(act.metrics.windows)  # type: ignore[attr-defined]
+    cluster.controller = settle
+    act.apply(SpecConfig())  # the loop's rollback: straight back, no canary of the old config
+    assert len(act.metrics.windows) == canaries  # type: ignore[attr-defined]
+    assert act.config == SpecConfig() and cluster.patches == ["llm", "llm"]
