@@ -20,6 +20,21 @@ closes the gaps REFERENCE.md section 6 lists:
   resources are pruned, defaulted and validated against the CRD's openAPIV3Schema (422);
 - server-side Table output (kubectl's printer columns, Name and Age by default);
 - a few built-in defaults (Deployment strategy/replicas, Service type, pod template fields).
+
+What a real API server still does differently:
+- no CEL (`x-kubernetes-validations`): a rule-breaking spec gets in and the operator reports it
+  as Degraded; validation wording is openapi-schema-validator's; built-in kinds are not
+  validated; no admission webhooks, authn/authz (the token is ignored) or quotas;
+- strategic merge patch replaces lists instead of merging them by key; server-side apply is
+  415 and there are no managedFields; dryRun, fieldValidation and fieldManager are ignored;
+- no controllers: Deployments get no status, ReplicaSets or Pods (tests/e2e's kubelet plays
+  that part); deleting a namespace or a CRD leaves what is in it; garbage collection is
+  immediate and background only; deletion grace periods are 0;
+- no pagination (limit/continue) or resourceVersionMatch; bookmarks only for streaming lists;
+  a 4096-event watch history; no Table output on watches; built-in kinds print Name and Age;
+- no protobuf and no OpenAPI documents (kubectl needs --validate=false; kubectl explain does
+  not work); no aggregated discovery v2; no conversion between CRD versions; generation is
+  kept only for custom resources and apps/*.
 """
 
 from __future__ import annotations
