@@ -1,0 +1,259 @@
+"""End to end: `kubectl apply` a SpecDeployment -> the operator (`specpilot operator`, kopf) ->
+Deployment -> the kubelet double starts the emulated engine -> /metrics (scraped directly, or
+through a real Prometheus) -> tuner -> template patch -> rollout -> new engine process.
+
+Asserted: a load shift produces the expected switches (speculation on at low concurrency,
+off or a lower K once the batch is compute-bound), and a config that crashes at start is
+rolled back, reported, and the service never loses its Ready pods. The only mock is the API
+server (KMock and the realism layer in tests/kube)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kube.apiserver import ApiServer
+
+from e2e.conftest import (
+    NAMESPACE,
+    PROMETHEUS,
+    Operator,
+    emulator_command,
+    kubectl,
+    wait_for,
+)
+from e2e.kubelet import Kubelet
+from specpilot.tuner.spec_config import SpecConfig
+
+
+def manifest(name: str, engine: str, models: Path, draft: str, **tuning: Any) -> str:
+    body = {
+        "apiVersion": "specpilot.io/v1alpha1",
+        "kind": "SpecDeployment",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {
+            "engine": engine,
+            "model": str(models / "llama"),
+            "servedModelName": "llama",
+            "command": emulator_command(engine),
+            "replicas": 1,
+            "resources": {"gpus": 0, "gpuType": "A100", "modelProfile": "llama-3.1-8b"},
+            "speculative": {
+                "candidates": [{"method": "eagle3", "k": [1, 3], "draftModel": draft}],
+                "initial": {"method": "none"},
+            },
+            "tuning": {
+                "mode": "auto",
+                "intervalSeconds": 5,
+                "minDwellSeconds": 0,
+                "restartBudgetPerHour": 20,
+                "rolloutTimeoutSeconds": 60,
+                **tuning,
+            },
+        },
+    }
+    return json.dumps(body)
+
+
+def running_config(apiserver: ApiServer, name: str) -> SpecConfig | None:
+    live = apiserver.get("apps", "deployments", NAMESPACE, name)
+    if live is None:
+        return None
+    raw = live["spec"]["template"]["metadata"]["annotations"]["specpilot.io/config"]
+    return SpecConfig.from_dict(json.loads(raw))
+
+
+def ready_pods(kubelet: Kubelet, name: str) -> list[str]:
+    return [p.name for p in kubelet.pods_of(name) if p.ready]
+
+
+def status(apiserver: ApiServer, name: str) -> dict[str, Any]:
+    found = apiserver.get("specpilot.io", "specdeployments", NAMESPACE, name)
+    return dict((found or {}).get("status") or {})
+
+
+def test_load_shift_switches_speculation_on_then_down(
+    apiserver: ApiServer, kubelet: Kubelet, operator: Operator, models: Path, load_factory
+) -> None:
+    kubectl(
+        apiserver, "apply", "--validate=false", "-f", "-",
+        stdin=manifest("llm", "vllm", models, str(models / "eagle3")),
+    )  # fmt: skip
+    try:
+        wait_for("the first engine pod Ready", lambda: ready_pods(kubelet, "llm"), 60)
+        assert running_config(apiserver, "llm") == SpecConfig()
+        load = load_factory(kubelet, "llm", users=2, max_tokens=256)
+
+        low = wait_for(
+            "speculation on at low load",
+            lambda: (c := running_config(apiserver, "llm")) and c.speculative and c,
+            timeout_s=90,
+        )
+        assert low.method == "eagle3"
+        wait_for("the switched pod Ready", lambda: _only_pods_running(kubelet, "llm", low), 60)
+        started = len(kubelet.started_pods)
+        assert started >= 2  # a real restart: a new pod, a new process
+        # status is written when the switching tick ends (after its rollout)
+        decision = wait_for(
+            "the switch in status.lastDecision",
+            lambda: (d := _last_decision(apiserver, "llm")) and "eagle3" in d["config"] and d,
+            timeout_s=30,
+        )
+        assert decision["action"] == "switch" and decision["predictedGain"] > 0, decision
+
+        load.set_users(128)
+        high = wait_for(
+            "fewer speculative tokens once the batch is compute-bound",
+            lambda: _lower_k(running_config(apiserver, "llm"), low, 128),
+            timeout_s=150,
+            every_s=1.0,
+        )
+        wait_for("the new config's pod", lambda: _only_pods_running(kubelet, "llm", high), 60)
+        assert len(kubelet.started_pods) > started
+        # status is written when the tick that switched ends (after its rollout)
+        regime = lambda: status(apiserver, "llm").get("regime")  # noqa: E731
+        wait_for("the regime in status", lambda: regime() in ("compute-bound", "transition"), 30)
+        table = kubectl(apiserver, "get", "spd", "llm")
+        assert "llm" in table and "vllm" in table, table
+    except AssertionError:
+        _explain(apiserver, operator)
+        raise
+
+
+def _k_at(config: SpecConfig, batch: int) -> int:
+    return config.k_for_batch(batch) if config.speculative else 0
+
+
+def _lower_k(config: SpecConfig | None, than: SpecConfig, batch: int) -> SpecConfig | None:
+    return config if config is not None and _k_at(config, batch) < _k_at(than, batch) else None
+
+
+def _last_decision(apiserver: ApiServer, name: str) -> dict[str, Any] | None:
+    decision: dict[str, Any] | None = status(apiserver, name).get("lastDecision")
+    return decision
+
+
+def _failed_decision(apiserver: ApiServer, name: str) -> dict[str, Any] | None:
+    decision = _last_decision(apiserver, name)
+    return decision if decision and decision.get("action") == "error" else None
+
+
+def _only_pods_running(kubelet: Kubelet, name: str, config: SpecConfig) -> bool:
+    pods = kubelet.pods_of(name)
+    return bool(pods) and all(
+        p.ready and SpecConfig.from_dict(_pod_config(p.pod)) == config for p in pods
+    )
+
+
+def _pod_config(pod: dict[str, Any]) -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads(pod["metadata"]["annotations"]["specpilot.io/config"])
+    return loaded
+
+
+@pytest.fixture
+def prometheus(tmp_path: Path, kubelet: Kubelet) -> Any:
+    """A real Prometheus scraping the pods the kubelet lists (file_sd, 1 s interval)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    assert kubelet.prometheus_targets is not None
+    kubelet.prometheus_targets.write_text("[]")
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+        "scrape_configs:\n  - job_name: engines\n    file_sd_configs:\n"
+        f"      - files: ['{kubelet.prometheus_targets}']\n        refresh_interval: 1s\n"
+    )
+    log = (tmp_path / "prometheus.log").open("wb")
+    process = subprocess.Popen(
+        [
+            str(PROMETHEUS),
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        import httpx
+
+        def ready() -> bool:
+            try:
+                return httpx.get(f"{url}/-/ready", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for("Prometheus ready", ready, 60)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
+        log.close()
+
+
+def test_a_config_that_crashes_is_rolled_back(
+    apiserver: ApiServer,
+    kubelet: Kubelet,
+    operator: Operator,
+    models: Path,
+    prometheus: str,
+    load_factory,
+) -> None:
+    """SGLang dialect, metrics through Prometheus. The EAGLE-3 head's weights are missing, so
+    the tuner's first switch (speculation at low load) starts a pod whose engine exits."""
+    missing = str(models / "eagle3-not-downloaded")
+    kubectl(
+        apiserver, "apply", "--validate=false", "-f", "-",
+        stdin=manifest(
+            "chat", "sglang", models, missing,
+            metrics={"source": "prometheus", "prometheusUrl": prometheus},
+        ),
+    )  # fmt: skip
+    try:
+        wait_for("the first engine pod Ready", lambda: ready_pods(kubelet, "chat"), 60)
+        first = ready_pods(kubelet, "chat")
+        load_factory(kubelet, "chat", users=2, max_tokens=256)
+
+        decision = wait_for(
+            "a failed switch in status",
+            lambda: _failed_decision(apiserver, "chat"),
+            timeout_s=120,
+            every_s=1.0,
+        )
+        assert "no weights there" in decision["reason"], decision
+        assert running_config(apiserver, "chat") == SpecConfig()  # the template is back
+        names = lambda: [p.name for p in kubelet.pods_of("chat")]  # noqa: E731
+        wait_for("the crashed pod gone", lambda: names() == first, 30)
+        assert ready_pods(kubelet, "chat") == first  # it served throughout (maxUnavailable 0)
+        assert len(kubelet.started_pods) >= 2  # the crashing pod was really started
+        events = apiserver.list("", "events", NAMESPACE)
+        reasons = {e.get("reason") for e in events}
+        assert "RolloutFailed" in reasons or "TunerSwitchFailed" in reasons, reasons
+        # backed off: the failed config is not tried again on the next ticks
+        tried = len(kubelet.started_pods)
+        time.sleep(8)  # more than one tuning interval (5 s)
+        assert len(kubelet.started_pods) == tried
+        assert running_config(apiserver, "chat") == SpecConfig()
+        observed = status(apiserver, "chat").get("observed", {})
+        assert observed.get("tokensPerSecond", 0) > 0, observed  # PromQL saw the pod
+    except AssertionError:
+        _explain(apiserver, operator)
+        raise
+
+
+def _explain(apiserver: ApiServer, operator: Operator) -> None:
+    """On failure: the operator's decisions (Events, in order) and the end of its log."""
+    events = sorted(apiserver.list("", "events", NAMESPACE), key=lambda e: e["lastTimestamp"])
+    for event in events:
+        print(f"{event['lastTimestamp']} x{event.get('count', 1)} {event['reason']}: "
+              f"{event['message']}")  # fmt: skip
+    print(operator.tail(3000))
