@@ -274,21 +274,37 @@ def for_spec(
     namespace: str,
     spec: SpecDeploymentSpec,
     metrics: MetricsSource,
+    owner: Mapping[str, Any] | None = None,
     **options: Any,
 ) -> KubeActuator:
     """The actuator for one SpecDeployment, rendering with children.py; `options` are
     KubeActuator's (clock, sleep, notify, poll_s, canary_window_s, ...); the rollout timeout
-    and canary switch come from the spec unless given."""
+    and canary switch come from the spec unless given. With `owner` (the SpecDeployment), what
+    the actuator creates (a canary, a sidecar ConfigMap, a missing Deployment) carries a
+    controller ownerReference, so it goes with the object even if the operator dies mid-way."""
+
+    def adopt(child: dict[str, Any]) -> dict[str, Any]:
+        if owner is not None:
+            meta = owner["metadata"]
+            child["metadata"]["ownerReferences"] = [
+                {
+                    "apiVersion": owner["apiVersion"], "kind": owner["kind"],
+                    "name": meta["name"], "uid": meta["uid"],
+                    "controller": True, "blockOwnerDeletion": True,
+                }
+            ]  # fmt: skip
+        return child
 
     def render(config: SpecConfig, role: Role) -> dict[str, Any]:
-        return desired_deployment(
-            name=name, namespace=namespace, spec=spec, config=config, role=role
+        return adopt(
+            desired_deployment(name=name, namespace=namespace, spec=spec, config=config, role=role)
         )
 
     def render_sidecar(config: SpecConfig, role: Role) -> dict[str, Any] | None:
-        return desired_config_map(
+        found = desired_config_map(
             name=name, namespace=namespace, spec=spec, config=config, role=role
         )
+        return None if found is None else adopt(found)
 
     options.setdefault("rollout_timeout_s", float(spec.tuning.rollout_timeout_s))
     options.setdefault("canary", spec.tuning.canary)

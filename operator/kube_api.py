@@ -74,13 +74,3 @@ class RestKubeApi:
 
     def list_pods(self, namespace: str, selector: Mapping[str, str]) -> list[Obj]:
         return self._rest.list("v1", "pods", namespace, label_selector(selector))
-
-
-class ClientKubeApi(RestKubeApi):
-    """`RestKubeApi` over a `KubeRest` of its own, from in-cluster config or a kubeconfig."""
-
-    @classmethod
-    def from_config(cls, kubeconfig: str | None = None) -> ClientKubeApi:
-        from specpilot.operator.kube_rest import KubeRest  # kube_rest imports this module
-
-        return cls(KubeRest.from_config(kubeconfig))

@@ -7,15 +7,17 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
 
+from specpilot.operator.crd_spec import decode_spec
 from specpilot.operator.kube_actuator import (
     CanaryRejected,
     KubeActuator,
     RolloutError,
+    for_spec,
 )
 from specpilot.operator.loop import ControlLoop
 from specpilot.operator.pod_metrics import PodTarget, pod_target
@@ -345,3 +347,31 @@ def test_a_main_rollout_failing_after_the_canary_cleans_up_and_rolls_back_withou
     act.apply(SpecConfig())  # the loop's rollback: straight back, no canary of the old config
     assert len(act.metrics.windows) == canaries  # type: ignore[attr-defined]
     assert act.config == SpecConfig() and cluster.patches == ["llm", "llm"]
+
+
+def test_for_spec_renders_with_children_and_adopts_what_it_creates() -> None:
+    spec = decode_spec(
+        {
+            "engine": "sglang",
+            "model": "/m",
+            "speculative": {"candidates": [{"method": "eagle3", "maxK": 3, "draftModel": "/d"}]},
+            "tuning": {"canary": True, "rolloutTimeoutSeconds": 120},
+        }
+    )
+    owner = {
+        "apiVersion": "specpilot.io/v1alpha1",
+        "kind": "SpecDeployment",
+        "metadata": {"name": "llm", "uid": "u-1"},
+    }
+    act = for_spec(
+        api=FakeCluster(), name="llm", namespace="ns", spec=spec,
+        metrics=PerPodMetrics(lambda t: 1.0), owner=owner,
+    )  # fmt: skip
+    assert act.canary and act.rollout_timeout_s == 120 and act.engine == "sglang"
+    canary = act.render(EAGLE, "canary")
+    assert canary["metadata"]["name"] == "llm-canary" and canary["spec"]["replicas"] == 1
+    assert canary["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+    scheduled = replace(EAGLE, schedule=((1, 4, 3), (5, 256, 1)))
+    assert act.render_sidecar is not None
+    sidecar = act.render_sidecar(scheduled, "main")
+    assert sidecar is not None and sidecar["metadata"]["ownerReferences"][0]["name"] == "llm"
