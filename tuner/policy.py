@@ -220,7 +220,7 @@ def _score(
     context: float,
     settings: TunerSettings,
 ) -> list[tuple[SpecConfig, Prediction]]:
-    scored = [(c, surrogate.predict(c, batch, context)) for c in space]
+    scored = list(zip(space, surrogate.predict_many(space, batch, context), strict=True))
     if settings.slo_tpot_p95_s is not None:
         within = [(c, p) for c, p in scored if p.tpot_s <= settings.slo_tpot_p95_s]
         scored = within or scored  # nothing meets the SLO: keep the fastest, and say so later
@@ -272,8 +272,10 @@ def _plan_ahead(
     better to arrive there already on the right config. Returns the planned predictions (rates
     scaled by merit) and the running config's own merit.
     """
-    ahead = {c: surrogate.predict(c, forecast, context).tokens_per_s for c, _ in scored}
-    ahead_current = surrogate.predict(current, forecast, context).tokens_per_s
+    configs = [c for c, _ in scored]
+    predictions = surrogate.predict_many([*configs, current], forecast, context)
+    ahead = {c: p.tokens_per_s for c, p in zip(configs, predictions, strict=False)}
+    ahead_current = predictions[-1].tokens_per_s
     best_ahead = max(ahead.values())
     later_switch = _switch_cost(best_ahead, forecast, context, cost, settings) / (
         now_pred.tokens_per_s * settings.expected_dwell_s

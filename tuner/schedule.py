@@ -10,6 +10,8 @@ candidates). None when no bucket wants drafts: a plain server is then faster.
 
 from __future__ import annotations
 
+import functools
+
 from specpilot.tuner.acceptance import AcceptanceCurve
 from specpilot.tuner.spec_config import ScheduleTier, SpecConfig
 from specpilot.tuner.step_cost import StepCost
@@ -49,10 +51,29 @@ def synthesize_schedule(
     context_tokens: float = 1024.0,
     prefill_ratio: float = 0.0,
 ) -> tuple[ScheduleTier, ...] | None:
-    ks = [
-        best_k(config.method, config.max_k, curve, cost, b, context_tokens, prefill_ratio)
-        for b in BUCKETS
-    ]
+    # Inputs are rounded before use: a schedule is a config, and one that moved with every
+    # window's noise would look like a new config to switch to; it also makes the result
+    # cacheable, which keeps a decision cheap.
+    return _synthesize(
+        config.method,
+        config.max_k,
+        AcceptanceCurve(round(curve.p, 3), round(curve.r, 3)),
+        cost,
+        float(round(context_tokens / 64) * 64),
+        round(prefill_ratio, 1),
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _synthesize(
+    method: str,
+    max_k: int,
+    curve: AcceptanceCurve,
+    cost: StepCost,
+    context_tokens: float,
+    prefill_ratio: float,
+) -> tuple[ScheduleTier, ...] | None:
+    ks = [best_k(method, max_k, curve, cost, b, context_tokens, prefill_ratio) for b in BUCKETS]
     if max(ks) == 0:
         return None
     tiers: list[list[int]] = []

@@ -17,7 +17,7 @@ prompt-heavy traffic.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -104,20 +104,31 @@ class Surrogate:
         )
 
     def predict(self, config: SpecConfig, batch: float, context_tokens: float) -> Prediction:
-        prior = self.prior(config, batch, context_tokens)
-        if self._gp is None:
-            return prior
-        mean, std = self._gp.predict([_features(config, batch)], return_std=True)
-        factor = math.exp(self.offset + float(mean[0]))
-        return Prediction(
-            tokens_per_s=prior.tokens_per_s * factor,
-            tpot_s=prior.tpot_s / factor,
-            step_s=prior.step_s / factor,
-            k=prior.k,
-            tokens_per_step=prior.tokens_per_step,
-            regime=prior.regime,
-            uncertainty=float(std[0]),
-        )
+        return self.predict_many([config], batch, context_tokens)[0]
+
+    def predict_many(
+        self, configs: Sequence[SpecConfig], batch: float, context_tokens: float
+    ) -> list[Prediction]:
+        """`predict` for several configs at one load, with one pass through the GP."""
+        priors = [self.prior(c, batch, context_tokens) for c in configs]
+        if self._gp is None or not configs:
+            return priors
+        means, stds = self._gp.predict([_features(c, batch) for c in configs], return_std=True)
+        predictions = []
+        for prior, mean, std in zip(priors, means, stds, strict=True):
+            factor = math.exp(self.offset + float(mean))
+            predictions.append(
+                Prediction(
+                    tokens_per_s=prior.tokens_per_s * factor,
+                    tpot_s=prior.tpot_s / factor,
+                    step_s=prior.step_s / factor,
+                    k=prior.k,
+                    tokens_per_step=prior.tokens_per_step,
+                    regime=prior.regime,
+                    uncertainty=float(std),
+                )
+            )
+        return predictions
 
 
 def _features(config: SpecConfig, batch: float) -> list[float]:
