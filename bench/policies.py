@@ -1,51 +1,95 @@
-"""Every policy on every shipped trace (fast mode); writes bench/results/policies.{json,md}.
+"""Every policy on every shipped trace (fast mode); writes bench/results/policies.{json,md,png}.
 
-Run: .venv/bin/python bench/policies.py   (H100 x llama-3.1-8b, vLLM dialect, seed 0)
+Run: .venv/bin/python bench/policies.py
+Setups: H100 x llama-3.1-8b in the vLLM dialect, H200 x qwen3-8b in the SGLang dialect; seed 0,
+60 s windows, per-token latency SLO 50 ms, restart downtime 30 s. One PNG per setup and trace
+(goodput per window of SpecPilot against no speculation, the best static config and the
+engine's own per-batch baseline).
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
 
 from specpilot.operator.bench_command import bench
 from specpilot.runtime.traces import load_trace
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
+SETUPS = (("H100", "llama-3.1-8b", "vllm"), ("H200", "qwen3-8b", "sglang"))
+WINDOW_S = 60.0
 
 
 def main() -> None:
-    reports = []
-    for path in sorted((HERE / "traces").glob("*.csv")):
-        report = bench(
-            load_trace(path),
-            gpu="H100",
-            profile="llama-3.1-8b",
-            engine="vllm",
-            window_s=60.0,
-            slo_s=0.05,
-            downtime_s=30.0,
-            seed=0,
-        )
-        reports.append(report)
-        print(
-            f"{path.stem}: specpilot/oracle {report['specpilot_vs_oracle']}, "
-            f"specpilot/best static {report['specpilot_vs_best_static']}",
-            flush=True,
-        )
+    reports: list[dict[str, Any]] = []
+    for gpu, profile, engine in SETUPS:
+        for path in sorted((HERE / "traces").glob("*.csv")):
+            report = bench(
+                load_trace(path),
+                gpu=gpu,
+                profile=profile,
+                engine=engine,
+                window_s=WINDOW_S,
+                slo_s=0.05,
+                downtime_s=30.0,
+                seed=0,
+            )
+            reports.append(report)
+            plot(report, RESULTS / f"policies-{gpu}-{profile}-{engine}-{path.stem}.png")
+            print(
+                f"{gpu} {profile} {engine} {path.stem}: specpilot/oracle "
+                f"{report['specpilot_vs_oracle']}, specpilot/best static "
+                f"{report['specpilot_vs_best_static']}",
+                flush=True,
+            )
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "policies.json").write_text(json.dumps(reports, indent=2) + "\n")
+    (RESULTS / "policies.md").write_text(markdown(reports))
+
+
+def plot(report: dict[str, Any], out: Path) -> None:
+    policies = {p["policy"]: p for p in report["policies"]}
+    baseline = "vllm-eagle3-table" if report["engine"] == "vllm" else "sglang-default-adaptive"
+    shown = dict.fromkeys(["no speculation", report["best_static"], baseline, "specpilot"])
+    figure, axis = plt.subplots(figsize=(9, 4))
+    for name in shown:
+        windows = policies[name]["window_goodput_tok_s"]
+        minutes = [(i + 1) * WINDOW_S / 60 for i in range(len(windows))]
+        axis.plot(minutes, windows, label=name, linewidth=2.2 if name == "specpilot" else 1.2)
+    axis.set_xlabel("trace time (min)")
+    axis.set_ylabel("SLO-goodput per window (tok/s)")
+    axis.set_title(
+        f"{report['trace']}: {report['gpu']} x {report['model_profile']}, {report['engine']} "
+        f"(SpecPilot/oracle {report['specpilot_vs_oracle']})"
+    )
+    axis.legend(fontsize=8)
+    axis.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(out, dpi=100)
+    plt.close(figure)
+
+
+def markdown(reports: list[dict[str, Any]]) -> str:
     lines = [
         "# Policies on the shipped traces (fast mode)",
         "",
-        "Produced by `.venv/bin/python bench/policies.py`: H100 x llama-3.1-8b, vLLM "
-        "dialect, SLO per-token latency 50 ms, restart downtime 30 s, 60 s windows.",
+        "Produced by `.venv/bin/python bench/policies.py`: seed 0, SLO per-token latency 50 ms, "
+        "restart downtime 30 s (a restart pauses serving and recomputes what was running), "
+        "60 s windows. Goodput counts the output tokens of requests whose per-token latency "
+        "met the SLO.",
         "",
     ]
     for report in reports:
         lines += [
-            f"## {report['trace']}",
+            f"## {report['trace']}: {report['gpu']} x {report['model_profile']}, "
+            f"{report['engine']} dialect",
             "",
             f"oracle goodput {report['oracle_goodput_tok_s']} tok/s; best static "
             f"{report['best_static']}; SpecPilot/oracle {report['specpilot_vs_oracle']}; "
@@ -61,8 +105,10 @@ def main() -> None:
                 f"{p['tpot_ms_mean']} | {p['tpot_ms_p95']} | {p['e2e_s_mean']} | "
                 f"{p['restarts']} |"
             )
+        lines += ["", "SpecPilot's switches:", ""]
+        lines += [f"- {reason}" for reason in report["specpilot_decisions"]] or ["- none"]
         lines.append("")
-    (RESULTS / "policies.md").write_text("\n".join(lines))
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -73,6 +73,7 @@ def tuner_policy(
         restart_downtime_s=downtime_s,
         expected_dwell_s=600.0,
         slo_tpot_p95_s=slo_s,
+        kv_capacity_tokens=cost.kv_capacity_tokens(),
     )
     holder = {"state": TunerState.initial(SpecConfig(), 0.0, priors)}
     reasons: list[str] = []

@@ -149,6 +149,7 @@ def run(ns: argparse.Namespace) -> int:
         restart_downtime_s=ns.load_delay + 1.0,  # the load delay plus ~1 s of process start
         expected_dwell_s=3 * ns.min_dwell,
         slo_tpot_p95_s=ns.slo_tpot_ms / 1e3,
+        kv_capacity_tokens=cost.kv_capacity_tokens(),
     )
     out = Path(ns.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -129,18 +129,21 @@ def run(ns: argparse.Namespace) -> int:
         c.method: acceptance_curve(c.method, ns.task) for c in candidates if c.speculative
     }
     slo = ns.slo_tpot_p95_ms / 1e3 if ns.slo_tpot_p95_ms else None
+    cost = _step_cost(ns)
     settings = TunerSettings(
         candidates=candidates,
         min_dwell_s=ns.min_dwell,
         restart_budget_per_hour=ns.restart_budget,
         restart_downtime_s=ns.restart_downtime,
         slo_tpot_p95_s=slo,
+        # a catalog GPU's KV capacity is known; a measured fit (e.g. a CPU) says nothing of it
+        kv_capacity_tokens=cost.kv_capacity_tokens() if ns.step_time_fit is None else None,
     )
     engine = LocalEngine(engine=ns.engine, program=program, launch=launch)
     loop = ControlLoop(
         actuator=engine,
         settings=settings,
-        cost=_step_cost(ns),
+        cost=cost,
         state=TunerState.initial(initial, time.time(), priors),
         window_s=ns.window,
         on_tick=_print_tick,

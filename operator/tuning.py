@@ -84,6 +84,9 @@ def settings_for(spec: SpecDeploymentSpec) -> TunerSettings:
         min_dwell_s=float(spec.tuning.min_dwell_s),
         restart_budget_per_hour=spec.tuning.restart_budget_per_hour,
         slo_tpot_p95_s=slo / 1e3 if slo is not None else None,
+        window_s=float(spec.tuning.interval_s),
+        # the catalog GPU's KV capacity at vLLM's default memory utilisation: an estimate
+        kv_capacity_tokens=cost_for(spec).kv_capacity_tokens(),
     )
 
 

@@ -58,7 +58,11 @@ class TunerSettings:
     max_batch: int = 256
     """The engine's max-num-seqs: the most concurrent requests a forecast can reach."""
     context_tokens: float = 1024.0
-    """Mean context per running request until the engine's KV usage tells."""
+    """Mean context per running request, unless the KV usage can tell (kv_capacity_tokens)."""
+    kv_capacity_tokens: int | None = None
+    """KV tokens the engine holds (e.g. `StepCost.kv_capacity_tokens()` for a catalog GPU);
+    with it the context per request is read from the engine's KV usage. None where the
+    capacity is not known (a CPU, a measured fit): context_tokens is used."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -97,7 +101,7 @@ def decide(
         ), state
 
     state = state.learn_acceptance(current, observation, now).learn_traffic(
-        observation, cost.kv_capacity_tokens()
+        observation, settings.kv_capacity_tokens
     )
     context = state.context_tokens or settings.context_tokens
     acceptance = state.acceptance_curves()

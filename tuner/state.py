@@ -73,14 +73,14 @@ class TunerState:
         curves[config.method] = AcceptanceCurve(p, prior.r)
         return replace(self, acceptance=tuple(sorted((m, c.p, c.r) for m, c in curves.items())))
 
-    def learn_traffic(self, obs: Observation, kv_capacity_tokens: int) -> TunerState:
+    def learn_traffic(self, obs: Observation, kv_capacity_tokens: int | None) -> TunerState:
         """Blend the window's prompt/output ratio and context per request into the estimates."""
         state = self
         prompt, output = obs.prompt_tokens_per_s, obs.generation_tokens_per_s
         if prompt is not None and output is not None and output > 0:
             state = replace(state, prefill_ratio=_blend(state.prefill_ratio, prompt / output))
         usage, batch = obs.kv_cache_usage, obs.running_requests
-        if usage is not None and batch is not None and usage > 0 and batch >= 1:
+        if kv_capacity_tokens and usage and batch is not None and batch >= 1:
             # Bounded: the capacity is the catalog's estimate, not the engine's own figure.
             context = min(max(usage * kv_capacity_tokens / batch, 64.0), 65536.0)
             state = replace(state, context_tokens=_blend(state.context_tokens, context))
