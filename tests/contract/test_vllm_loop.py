@@ -148,7 +148,12 @@ def test_loop_switches_real_vllm_to_ngram_and_reads_its_acceptance(engine: Local
 
     with Load(engine.url, users=1, temperature=0.0) as load:
         time.sleep(3.0)  # the window should see a running request, not the idle start
-        switched = loop.tick(time.time())
+        for _ in range(4):
+            switched = loop.tick(time.time())
+            # On a busy host the sampled running gauge can read 0 for a whole window; the tuner
+            # then holds (asserted in the unit tests) and the next window decides.
+            if switched.observation.running_requests:
+                break
         assert switched.observation.acceptance_length is None  # nothing drafts yet
         assert switched.observation.generation_tokens_per_s, switched.observation
         assert switched.error is None, switched.error
