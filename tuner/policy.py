@@ -52,7 +52,7 @@ class TunerSettings:
     slo_tpot_p95_s: float | None = None
     max_downside: float = 0.05
     window_s: float = 60.0
-    """Seconds between decisions (the observation window); sets the forecast's pace."""
+    """Seconds between decisions (the spacing of the batches the forecast extrapolates)."""
     exploration: float = 1.0
     """UCB weight on the surrogate's uncertainty (0 disables exploration)."""
     max_batch: int = 256

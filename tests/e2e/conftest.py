@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 from kube.apiserver import ApiServer, running_apiserver
+from kube.operator_process import wait_for as poll_until
 
 from e2e.kubelet import Kubelet
 
@@ -74,21 +74,8 @@ def kubelet(apiserver: ApiServer, tmp_path: Path) -> Iterator[Kubelet]:
         assert not node.errors, node.errors[-5:]
 
 
-# A loaded 2-core host starts engine processes several times slower than a quiet one; a longer
-# wait costs nothing when things work, since it returns as soon as the check holds.
-SLOW_HOST_FACTOR = 3.0
-
-
 def wait_for(what: str, check: Callable[[], Any], timeout_s: float, every_s: float = 0.25) -> Any:
-    timeout_s *= SLOW_HOST_FACTOR
-    deadline = time.monotonic() + timeout_s
-    while True:
-        found = check()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-        time.sleep(every_s)
+    return poll_until(check, timeout_s, every_s, what=what)
 
 
 class ServiceLoad:

@@ -72,7 +72,9 @@ def stop(process: subprocess.Popen[bytes], grace_s: float = 15.0) -> None:
 SLOW_HOST_FACTOR = 4.0
 
 
-def wait_for(check: Callable[[], T | None], timeout: float = 20.0, poll: float = 0.2) -> T:
+def wait_for(
+    check: Callable[[], T | None], timeout: float = 20.0, poll: float = 0.2, what: str = ""
+) -> T:
     timeout *= SLOW_HOST_FACTOR
     deadline = time.monotonic() + timeout
     while True:
@@ -80,5 +82,5 @@ def wait_for(check: Callable[[], T | None], timeout: float = 20.0, poll: float =
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {check}")
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what or check}")
         time.sleep(poll)
