@@ -117,6 +117,7 @@ def decide(
         acceptance,
         residuals=state.residuals,
         prefill_ratio=state.prefill_ratio,
+        acceptance_sd=state.acceptance_sd(),
     )
 
     space = _space(settings, acceptance, cost, state.prefill_ratio, context)
@@ -169,17 +170,21 @@ def decide(
         )
     switch_cost = _switch_cost(now_pred.tokens_per_s, batch, context, cost, settings)
     payoff = (best.tokens_per_s - now_pred.tokens_per_s) * settings.expected_dwell_s
-    if gain < settings.hysteresis or payoff <= switch_cost:
+    # At max-num-seqs a shortfall is a queue that grows for as long as it lasts, not a
+    # slowdown: the smaller saturation tolerance applies there.
+    saturated = batch >= 0.9 * settings.max_batch
+    hurdle = settings.saturation_tolerance if saturated else settings.hysteresis
+    if gain < hurdle or payoff <= switch_cost:
         return stay(
             f"{best_config.describe()} predicted {gain:+.1%}: below hysteresis "
-            f"{settings.hysteresis:.0%} or not worth a restart "
+            f"{hurdle:.0%} or not worth a restart "
             f"({payoff:.0f} tokens gained vs {switch_cost:.0f} lost)"
         )
     action: Action = "off" if not best_config.speculative else "switch"
     reason = (
         f"{why}: {best_config.describe()} {gain:+.1%} over {current.describe()} at batch "
         f"{batch:.1f} ({regime}, {best.tokens_per_s:.0f} vs {now_pred.tokens_per_s:.0f} "
-        f"tok/s predicted)"
+        f"tok/s predicted{_acceptance_note(best_config, best.k, state, acceptance)})"
     )
     state = replace(state, current=best_config, since_s=now, restarts=(*recent, now))
     return Decision(
@@ -190,6 +195,21 @@ def decide(
         regime=regime,
         predicted_tokens_per_s=best.tokens_per_s,
     ), state
+
+
+def _acceptance_note(
+    config: SpecConfig, k: int, state: TunerState, acceptance: dict[str, AcceptanceCurve]
+) -> str:
+    """', acceptance 3.10+-0.42 (prior)': the length the prediction assumed at this K, its
+    spread (p one sd either way) and whether it was measured."""
+    curve = acceptance.get(config.method)
+    if curve is None or k <= 0:
+        return ""
+    sd = state.acceptance_sd().get(config.method, 0.0)
+    high = AcceptanceCurve(min(curve.p + sd, 1.0), curve.r).expected_length(k)
+    low = AcceptanceCurve(max(curve.p - sd, 0.0), curve.r).expected_length(k)
+    source = "measured" if config.method in dict(state.acceptance_support) else "prior"
+    return f", acceptance {curve.expected_length(k):.2f}+-{(high - low) / 2:.2f} ({source})"
 
 
 def _space(

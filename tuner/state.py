@@ -1,7 +1,8 @@
 """Tuner state: what the tuner has learned, as bounded JSON an operator can persist and resume.
 
 Contract: `TunerState` is frozen; learning returns a new state. It holds the running config and
-since when, recent restart times (the last hour's), per-method acceptance estimates, the
+since when, recent restart times (the last hour's), per-method acceptance estimates with the
+number of windows behind each (their uncertainty), the
 traffic's prompt/output token ratio and context per request, the last few windows' batch (the
 load's trend) and per-(config, batch bucket) residual summaries (log of measured over prior
 throughput, recent windows weighted most), at most MAX_RESIDUALS of them (the least-supported
@@ -27,6 +28,15 @@ LEARNING_RATE = 0.3
 RECENT_WINDOWS = 4
 MAX_RESIDUAL_WEIGHT = 8.0
 """A residual summary averages about this many recent windows, so it follows drift."""
+MAX_ACCEPTANCE_SUPPORT = 2 / LEARNING_RATE - 1
+"""The moving estimate's effective sample size: its uncertainty stops shrinking there."""
+PRIOR_P_SD: dict[str, float] = {"ngram": 0.25, "suffix": 0.25}
+"""How far a method's true p may sit from its prior before it has run. Copying drafters
+depend on the traffic most: n-gram's published K=3 lengths span 1.16 (math) to 2.03 (code),
+and repetitive greedy traffic on the CPU bench gave 3.6 (REFERENCE.md sections 5-6)."""
+LEARNED_DRAFTER_P_SD = 0.08
+"""Model-based drafters (EAGLE, MTP, draft models, DFlash) move less with the task: MTP's
+published per-token rates span 0.83 to 0.95 across tasks (REFERENCE.md section 5)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -36,6 +46,8 @@ class TunerState:
     restarts: tuple[float, ...] = ()
     acceptance: tuple[tuple[str, float, float], ...] = ()
     """(method, p, r) per method: the prior until the method has run, then learned."""
+    acceptance_support: tuple[tuple[str, float], ...] = ()
+    """(method, windows) behind each estimate; a method absent here has not run."""
     residuals: tuple[ResidualPoint, ...] = ()
     prefill_ratio: float = 0.0
     """Prompt tokens prefilled per output token, a moving estimate from the traffic."""
@@ -57,6 +69,16 @@ class TunerState:
     def acceptance_curves(self) -> dict[str, AcceptanceCurve]:
         return {method: AcceptanceCurve(p, r) for method, p, r in self.acceptance}
 
+    def acceptance_sd(self) -> dict[str, float]:
+        """Standard deviation of each method's p: the prior's spread, shrinking with the
+        windows observed like a mean's (down to the moving estimate's effective size)."""
+        support = dict(self.acceptance_support)
+        return {
+            method: PRIOR_P_SD.get(method, LEARNED_DRAFTER_P_SD)
+            / math.sqrt(1.0 + support.get(method, 0.0))
+            for method, _, _ in self.acceptance
+        }
+
     def learn_acceptance(self, config: SpecConfig, obs: Observation, now: float) -> TunerState:
         """Blend the observed acceptance of the running method into its estimate."""
         length = obs.acceptance_length
@@ -71,7 +93,13 @@ class TunerState:
         observed_p = _solve_p(length, k, prior.r)
         p = (1 - LEARNING_RATE) * prior.p + LEARNING_RATE * observed_p
         curves[config.method] = AcceptanceCurve(p, prior.r)
-        return replace(self, acceptance=tuple(sorted((m, c.p, c.r) for m, c in curves.items())))
+        support = dict(self.acceptance_support)
+        support[config.method] = min(support.get(config.method, 0.0) + 1, MAX_ACCEPTANCE_SUPPORT)
+        return replace(
+            self,
+            acceptance=tuple(sorted((m, c.p, c.r) for m, c in curves.items())),
+            acceptance_support=tuple(sorted(support.items())),
+        )
 
     def learn_traffic(self, obs: Observation, kv_capacity_tokens: int | None) -> TunerState:
         """Blend the window's prompt/output ratio and context per request into the estimates."""
@@ -121,6 +149,7 @@ class TunerState:
             "since_s": self.since_s,
             "restarts": list(self.restarts),
             "acceptance": [list(a) for a in self.acceptance],
+            "acceptance_support": [list(a) for a in self.acceptance_support],
             "prefill_ratio": round(self.prefill_ratio, 4),
             "context_tokens": round(self.context_tokens, 1),
             "recent_batches": [round(b, 2) for b in self.recent_batches],
@@ -138,6 +167,9 @@ class TunerState:
             since_s=float(body["since_s"]),
             restarts=tuple(float(t) for t in body["restarts"]),
             acceptance=tuple((str(m), float(p), float(r)) for m, p, r in body["acceptance"]),
+            acceptance_support=tuple(
+                (str(m), float(n)) for m, n in body.get("acceptance_support", [])
+            ),
             prefill_ratio=float(body.get("prefill_ratio", 0.0)),
             context_tokens=float(body.get("context_tokens", 0.0)),
             recent_batches=tuple(float(b) for b in body.get("recent_batches", [])),

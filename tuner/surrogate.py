@@ -9,6 +9,8 @@ learned from what was measured: the log ratio of measured to prior throughput, s
 (config, batch bucket), is split into a shared offset (the support-weighted mean: how far the
 hardware model is off for every config at once) and a Gaussian process (scikit-optimize) over
 (method, K, log batch, scheduled) on what the offset leaves, with its uncertainty.
+The acceptance estimate's own uncertainty (`acceptance_sd`, per method) adds to it: a method
+that has never run is uncertain even where the GP has data at that load.
 Prefill is in the prior: each step also prefills the prompt tokens that arrive per output
 token (`prefill_ratio`, measured), which is what makes verification compute-bound early under
 prompt-heavy traffic.
@@ -47,7 +49,8 @@ class Prediction:
     tokens_per_step: float
     regime: Regime
     uncertainty: float
-    """Std of the log-throughput correction (0 where nothing was learned, prior only)."""
+    """Std of log throughput: the GP's, combined with the acceptance estimate's (0 for a
+    config with nothing uncertain, e.g. no speculation before anything was learned)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,9 +73,11 @@ class Surrogate:
         *,
         residuals: tuple[ResidualPoint, ...] = (),
         prefill_ratio: float = 0.0,
+        acceptance_sd: Mapping[str, float] | None = None,
     ) -> None:
         self.cost = cost
         self.acceptance = acceptance
+        self.acceptance_sd = acceptance_sd or {}
         self.prefill_ratio = prefill_ratio
         total = sum(p.weight for p in residuals)
         self.offset = sum(p.mean * p.weight for p in residuals) / total if total else 0.0
@@ -100,8 +105,19 @@ class Surrogate:
             k=k,
             tokens_per_step=tokens_per_step,
             regime=regime_of(tokens_per_step, self.cost.step_model.knee_tokens),
-            uncertainty=0.0,
+            uncertainty=self._acceptance_uncertainty(config.method, k),
         )
+
+    def _acceptance_uncertainty(self, method: str, k: int) -> float:
+        """Half the log-length spread between p one sd up and one sd down: how much the
+        throughput could move on what the acceptance estimate does not know."""
+        curve = self.acceptance.get(method)
+        sd = self.acceptance_sd.get(method, 0.0)
+        if curve is None or k <= 0 or sd <= 0:
+            return 0.0
+        high = AcceptanceCurve(min(curve.p + sd, 1.0), curve.r).expected_length(k)
+        low = AcceptanceCurve(max(curve.p - sd, 0.0), curve.r).expected_length(k)
+        return math.log(high / low) / 2
 
     def predict(self, config: SpecConfig, batch: float, context_tokens: float) -> Prediction:
         return self.predict_many([config], batch, context_tokens)[0]
@@ -125,7 +141,7 @@ class Surrogate:
                     k=prior.k,
                     tokens_per_step=prior.tokens_per_step,
                     regime=prior.regime,
-                    uncertainty=float(std),
+                    uncertainty=math.hypot(float(std), prior.uncertainty),
                 )
             )
         return predictions

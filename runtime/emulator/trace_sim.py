@@ -4,7 +4,8 @@ day of traffic in simulated time, with restarts that cost what they cost.
 Contract: `run_trace(trace, policy, cost, ...)` replays the trace's Poisson arrivals (rate and
 task mix per row) into an `EngineCore`; every `window_s` it hands the policy an Observation
 built from that window (the numbers the engine's /metrics would give) and, on a switch, stops
-serving for `restart_downtime_s` (running requests go back to the queue and are recomputed).
+serving for `restart_downtime_s` (running requests go back to the queue and are recomputed);
+with `free_switches` (the oracle's) the config changes between two steps and nothing is lost.
 It reports SLO-goodput (output tokens/s of requests whose per-token latency met the SLO),
 per-token and end-to-end latency, restarts, and each window's goodput (for the oracle).
 """
@@ -55,6 +56,8 @@ class TraceResult:
     window_goodput: list[float] = field(default_factory=list)
     configs: list[str] = field(default_factory=list)
     """The config running in each window."""
+    window_batch: list[float] = field(default_factory=list)
+    """Each window's time-averaged number of running requests (the engine's gauge)."""
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -67,6 +70,7 @@ class TraceResult:
             "restarts": self.restarts,
             "completed": self.completed,
             "window_goodput_tok_s": [round(g, 1) for g in self.window_goodput],
+            "window_batch": [round(b, 1) for b in self.window_batch],
         }
 
 
@@ -82,6 +86,7 @@ def run_trace(
     restart_downtime_s: float = 60.0,
     slo_tpot_s: float = 0.05,
     seed: int = 0,
+    free_switches: bool = False,
 ) -> TraceResult:
     rng = random.Random(seed)
     config = initial
@@ -91,6 +96,7 @@ def run_trace(
     finished: list[Request] = []
     window_goodput: list[float] = []
     configs: list[str] = []
+    batches: list[float] = []
     good_in_window, restarts, count = 0, 0, 0
     end = trace.duration_s
     while now < end:
@@ -102,14 +108,15 @@ def run_trace(
             obs = _observation(engine, window, window_s, core)
             window_goodput.append(good_in_window / window_s)
             configs.append(config.describe())
+            batches.append(obs.running_requests or 0.0)
             good_in_window, window = 0, _Window()
             window_end += window_s
             chosen = policy(obs, config, now)
             if chosen != config:
                 config = chosen
-                core = _restart(core, config, cost, seed + restarts + 1)
+                core = _restart(core, config, cost, seed + restarts + 1, keep=free_switches)
                 restarts += 1
-                paused_until = now + restart_downtime_s
+                paused_until = now + (0.0 if free_switches else restart_downtime_s)
             continue
         outcome = core.step(now) if now >= paused_until else None
         if outcome is None:
@@ -152,14 +159,19 @@ def run_trace(
         completed=len(finished),
         window_goodput=window_goodput,
         configs=configs,
+        window_batch=batches,
     )
 
 
-def _restart(core: EngineCore, config: SpecConfig, cost: StepCost, seed: int) -> EngineCore:
-    """A new engine process: what was running is recomputed, what waited still waits."""
+def _restart(
+    core: EngineCore, config: SpecConfig, cost: StepCost, seed: int, *, keep: bool = False
+) -> EngineCore:
+    """A new engine process: what was running is recomputed (unless `keep`: a free switch that
+    keeps the KV cache), what waited still waits."""
     fresh = EngineCore(config=config, performance=cost, seed=seed)
     for request in core.running:
-        request.prefilled = 0
+        if not keep:
+            request.prefilled = 0
         fresh.add_request(request)
     for request in core.waiting:
         fresh.add_request(request)

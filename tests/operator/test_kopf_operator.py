@@ -179,9 +179,12 @@ def test_tuning_tick_writes_last_decision_and_an_event(
     assert status["lastDecision"]["action"] == "stay"
     assert status["lastDecision"]["reason"].startswith("holding")
     assert _condition(status, "MetricsAvailable")["status"] == "False"
-    events = api.list("", "events", "default")
-    assert any(
-        e["reason"] == "TunerStayed" and e["involvedObject"]["name"] == "zeta" for e in events
+    # The Event is posted right after the status write, so it may land a moment later.
+    wait_for(
+        lambda: any(
+            e["reason"] == "TunerStayed" and e["involvedObject"]["name"] == "zeta"
+            for e in api.list("", "events", "default")
+        )
     )
 
 

@@ -67,6 +67,27 @@ def test_replay_serves_the_trace_and_counts_restarts() -> None:
     assert flipped.tpot_ms_mean < plain.tpot_ms_mean  # speculation at low load: faster tokens
 
 
+def test_a_free_switch_keeps_what_was_running() -> None:
+    trace = parse_trace("t,rps,summarize\n0,6,1\n60,0,1\n")
+    cost = StepCost.for_hardware("H100", "llama-3.1-8b")
+    eagle = SpecConfig(method="eagle3", num_speculative_tokens=3, draft_model="d")
+
+    def flip(_obs, current, now):
+        return eagle if now >= 20 else current
+
+    def replay(free: bool):
+        return run_trace(
+            trace, flip, SpecConfig(), cost, name="f", window_s=20.0, restart_downtime_s=0.0,
+            free_switches=free,
+        )  # fmt: skip
+
+    restarted, free = replay(False), replay(True)
+    assert restarted.restarts == free.restarts == 1
+    # A restart recomputes the running requests' long prompts; a free switch does not.
+    assert free.e2e_s_mean is not None and restarted.e2e_s_mean is not None
+    assert free.e2e_s_mean < restarted.e2e_s_mean
+
+
 def test_bench_command_compares_every_policy(tmp_path: Path) -> None:
     from specpilot.operator.cli import main
 
@@ -80,3 +101,10 @@ def test_bench_command_compares_every_policy(tmp_path: Path) -> None:
     names = [p["policy"] for p in report["policies"]]
     assert {"no speculation", "vllm-eagle3-table", "specpilot"} <= set(names)
     assert report["oracle_goodput_tok_s"] > 0 and report["specpilot_vs_best_static"] > 0
+    # 20 req/s of code stays under max-num-seqs on an H100: no window counts as saturated.
+    assert report["saturation"] == {
+        "windows": 0,
+        "specpilot_vs_no_speculation": None,
+        "worst_window": None,
+    }
+    assert report["oracle_vs_best_static"] > 0

@@ -162,3 +162,31 @@ def test_synthesised_schedule_drafts_less_as_batch_grows() -> None:
     ks = [k for _, _, k in schedule]
     assert ks == sorted(ks, reverse=True) and ks[0] > ks[-1]
     SpecConfig(method="eagle3", num_speculative_tokens=max(ks), draft_model="d", schedule=schedule)
+
+
+def test_acceptance_uncertainty_shrinks_as_the_method_runs() -> None:
+    eagle = SpecConfig(method="eagle3", num_speculative_tokens=3, draft_model="d")
+    ngram = SpecConfig(method="ngram", num_speculative_tokens=3)
+    state = TunerState.initial(eagle, 0.0, PRIORS)
+    before = state.acceptance_sd()
+    # n-gram depends on the traffic more than a learned drafter does.
+    assert before["ngram"] > before["eagle3"] > 0
+    tuning = TunerSettings(candidates=CANDIDATES, min_dwell_s=10_000)
+    for tick in range(10):
+        _, state = decide(physics_observation(eagle, 8.0), state, tuning, COST, 60.0 * tick)
+    after = state.acceptance_sd()
+    assert after["eagle3"] < before["eagle3"] / 2  # ten windows measured it
+    assert after["ngram"] == before["ngram"]  # never ran: still the prior's spread
+    surrogate = Surrogate(COST, state.acceptance_curves(), acceptance_sd=after)
+    running, unseen = surrogate.predict_many([eagle, ngram], 8.0, 1024.0)
+    assert unseen.uncertainty > 2 * running.uncertainty
+    assert surrogate.predict(SpecConfig(), 8.0, 1024.0).uncertainty == 0.0
+    assert TunerState.from_json(state.to_json()).acceptance_sd() == after
+
+
+def test_a_switch_reason_says_what_acceptance_it_assumed() -> None:
+    state = TunerState.initial(SpecConfig(), 0.0, PRIORS)
+    tuning = TunerSettings(candidates=CANDIDATES, min_dwell_s=0)
+    decision, _ = decide(physics_observation(SpecConfig(), 2.0), state, tuning, COST, 600.0)
+    assert decision.action == "switch"
+    assert "acceptance " in decision.reason and "(prior)" in decision.reason
