@@ -149,6 +149,7 @@ def bench(
         "model_profile": profile,
         "engine": engine,
         "slo_tpot_ms": slo_s * 1e3,
+        "duration_s": trace.duration_s,
         "policies": [r.to_dict() for r in [*results, pilot]],
         "oracle_goodput_tok_s": round(oracle, 2),
         "best_static": best_static.name,

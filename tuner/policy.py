@@ -9,8 +9,11 @@ and the next `TunerState`, and reads no clock (time is `now`, seconds). It
   break the SLO (per-token latency p95, via the predicted TPOT), and switches only when the
   predicted gain over the expected dwell beats the restart cost plus hysteresis, after the
   minimum dwell and within the restart budget;
-- explores (UCB) only a candidate whose pessimistic prediction is within `max_downside` of the
-  current config.
+- explores, when nothing is predicted better on the mean, the candidate with the largest
+  expected improvement (its predicted throughput taken as log-normal with the surrogate's
+  uncertainty) whose pessimistic prediction is within `max_downside` of the current config,
+  if that improvement over the dwell pays for the restart (and the one undoing a failed
+  trial would cost).
 Every decision carries a one-line reason, the predicted gain and the regime.
 """
 
@@ -54,7 +57,7 @@ class TunerSettings:
     window_s: float = 60.0
     """Seconds between decisions (the spacing of the batches the forecast extrapolates)."""
     exploration: float = 1.0
-    """UCB weight on the surrogate's uncertainty (0 disables exploration)."""
+    """Weight on a trial's expected improvement (0 disables exploration)."""
     max_batch: int = 256
     """The engine's max-num-seqs: the most concurrent requests a forecast can reach."""
     context_tokens: float = 1024.0
@@ -145,13 +148,18 @@ def decide(
             predicted_tokens_per_s=now_pred.tokens_per_s,
         ), state
 
+    improvement = best.tokens_per_s - now_pred.tokens_per_s
+    trial_failure = 0.0
     if best_config == current:
         explore = _explore(scored, current, now_pred, settings)
         if explore is None:
             return stay(f"{current.describe()} is predicted best at batch {batch:.1f} ({regime})")
-        best_config, best = explore
-        gain = best.tokens_per_s / now_pred.tokens_per_s - 1.0
-        why = "exploring (bounded downside)"
+        best_config, best, improvement, trial_failure = explore
+        gain = improvement / now_pred.tokens_per_s
+        why = (
+            f"exploring (expected improvement, {trial_failure:.0%} chance it is slower, "
+            f"downside within {settings.max_downside:.0%})"
+        )
     else:
         why = "predicted faster"
         if forecast is not None:
@@ -168,8 +176,11 @@ def decide(
             f"{best_config.describe()} predicted {gain:+.1%} but the restart budget "
             f"({settings.restart_budget_per_hour}/h) is spent"
         )
-    switch_cost = _switch_cost(now_pred.tokens_per_s, batch, context, cost, settings)
-    payoff = (best.tokens_per_s - now_pred.tokens_per_s) * settings.expected_dwell_s
+    # A trial that disappoints is undone: it may cost a second restart.
+    switch_cost = _switch_cost(now_pred.tokens_per_s, batch, context, cost, settings) * (
+        1.0 + trial_failure
+    )
+    payoff = improvement * settings.expected_dwell_s
     # At max-num-seqs a shortfall is a queue that grows for as long as it lasts, not a
     # slowdown: the smaller saturation tolerance applies there.
     saturated = batch >= 0.9 * settings.max_batch
@@ -323,19 +334,32 @@ def _explore(
     current: SpecConfig,
     now_pred: Prediction,
     settings: TunerSettings,
-) -> tuple[SpecConfig, Prediction] | None:
+) -> tuple[SpecConfig, Prediction, float, float] | None:
+    """The trial most worth making when no config is predicted better on the mean.
+
+    A candidate's throughput is taken as log-normal around its prediction with the surrogate's
+    uncertainty; its expected improvement over the running config (tokens/s, weighted by
+    `exploration`) is what a trial buys. Only candidates whose pessimistic prediction (one sd
+    down) is within `max_downside` of the running config are tried. Returns the config, its
+    prediction, the weighted expected improvement and the chance it turns out slower.
+    """
     if settings.exploration <= 0:
         return None
-    best: tuple[float, SpecConfig, Prediction] | None = None
+    floor = (1 - settings.max_downside) * now_pred.tokens_per_s
+    best: tuple[SpecConfig, Prediction, float, float] | None = None
     for config, pred in scored:
-        if config == current or pred.uncertainty <= 0:
+        sigma = pred.uncertainty
+        if config == current or sigma <= 0 or pred.tokens_per_s * math.exp(-sigma) < floor:
             continue
-        optimistic = pred.tokens_per_s * math.exp(settings.exploration * pred.uncertainty)
-        pessimistic = pred.tokens_per_s * math.exp(-pred.uncertainty)
-        if pessimistic < (1 - settings.max_downside) * now_pred.tokens_per_s:
-            continue
-        if optimistic > now_pred.tokens_per_s * (1 + settings.hysteresis) and (
-            best is None or optimistic > best[0]
-        ):
-            best = (optimistic, config, pred)
-    return None if best is None else (best[1], best[2])
+        z = math.log(pred.tokens_per_s / now_pred.tokens_per_s) / sigma
+        improvement = settings.exploration * (
+            pred.tokens_per_s * math.exp(sigma**2 / 2) * _normal_cdf(z + sigma)
+            - now_pred.tokens_per_s * _normal_cdf(z)
+        )
+        if best is None or improvement > best[2]:
+            best = (config, pred, improvement, _normal_cdf(-z))
+    return best
+
+
+def _normal_cdf(x: float) -> float:
+    return 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))

@@ -4,6 +4,7 @@ metrics, learns acceptance, keeps its state small, and finds the regime on the p
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -190,3 +191,39 @@ def test_a_switch_reason_says_what_acceptance_it_assumed() -> None:
     decision, _ = decide(physics_observation(SpecConfig(), 2.0), state, tuning, COST, 600.0)
     assert decision.action == "switch"
     assert "acceptance " in decision.reason and "(prior)" in decision.reason
+
+
+def test_explores_an_uncertain_method_once_and_returns_when_it_disappoints() -> None:
+    plain, ngram = SpecConfig(), SpecConfig(method="ngram", num_speculative_tokens=3)
+    tuning = TunerSettings(
+        candidates=(plain, ngram),
+        synthesize_schedules=False,
+        min_dwell_s=0,
+        restart_downtime_s=5.0,
+        max_downside=0.4,
+    )
+    state = TunerState.initial(plain, 0.0, PRIORS)
+    # At batch 64 n-gram's prior is a little below no speculation, with a wide spread.
+    decision, state = decide(physics_observation(plain, 64.0), state, tuning, COST, 600.0)
+    assert decision.action == "switch" and decision.config == ngram
+    assert decision.reason.startswith("exploring (expected improvement")
+    cautious = TunerSettings(candidates=(plain, ngram), synthesize_schedules=False, min_dwell_s=0)
+    for settings_without_trial in (cautious, replace(tuning, exploration=0.0)):
+        held, _ = decide(
+            physics_observation(plain, 64.0),
+            TunerState.initial(plain, 0.0, PRIORS),
+            settings_without_trial,
+            COST,
+            600.0,
+        )
+        assert held.action == "stay"
+    # The trial measures little acceptance and a slower engine: back, and no second trial.
+    plain_rate = physics_observation(plain, 64.0).generation_tokens_per_s
+    assert plain_rate is not None
+    configs = []
+    for tick in range(1, 8):
+        slow = observation(64.0, 0.7 * plain_rate, 1.05)
+        obs = slow if state.current == ngram else physics_observation(plain, 64.0)
+        decision, state = decide(obs, state, tuning, COST, 600.0 + 60.0 * tick)
+        configs.append(state.current)
+    assert configs[-1] == plain and configs.count(ngram) <= 2
