@@ -8,7 +8,8 @@ and the next `TunerState`, and reads no clock (time is `now`, seconds). It
 - scores every candidate at the current load with the surrogate, drops those predicted to
   break the SLO (per-token latency p95, via the predicted TPOT), and switches only when the
   predicted gain over the expected dwell beats the restart cost plus hysteresis, after the
-  minimum dwell and within the restart budget;
+  minimum dwell and within the restart budget; under an SLO the restart cost includes the
+  backlog its downtime leaves, when draining it at max-num-seqs would break the SLO;
 - explores, when nothing is predicted better on the mean, the candidate with the largest
   expected improvement (its predicted throughput taken as log-normal with the surrogate's
   uncertainty) whose pessimistic prediction is within `max_downside` of the current config,
@@ -180,6 +181,9 @@ def decide(
     switch_cost = _switch_cost(now_pred.tokens_per_s, batch, context, cost, settings) * (
         1.0 + trial_failure
     )
+    slo = settings.slo_tpot_p95_s
+    if slo is not None and now_pred.tpot_s <= slo:
+        switch_cost += _backlog_cost(best_config, throughput, slo, surrogate, context, settings)
     payoff = improvement * settings.expected_dwell_s
     # At max-num-seqs a shortfall is a queue that grows for as long as it lasts, not a
     # slowdown: the smaller saturation tolerance applies there.
@@ -287,6 +291,34 @@ def _switch_cost(
     spends recomputing the running requests' context before it serves again."""
     recompute_s = batch * context * cost.step_model.per_token_s
     return (settings.restart_downtime_s + recompute_s) * tokens_per_s
+
+
+def _backlog_cost(
+    config: SpecConfig,
+    tokens_per_s: float,
+    slo_s: float,
+    surrogate: Surrogate,
+    context: float,
+    settings: TunerSettings,
+) -> float:
+    """Tokens a restart's backlog costs under a per-token latency SLO the engine now meets.
+
+    Requests keep arriving while the engine is down; afterwards it serves them all at once, up
+    to max-num-seqs. When `config` breaks the SLO at that batch, nothing served while the
+    backlog drains counts, and the drain lasts downtime x rate / (capacity - rate): near
+    capacity a restart costs far more than its downtime. Zero when a full engine still meets
+    the SLO (the backlog is only late).
+    """
+    full = surrogate.predict(config, float(settings.max_batch), context)
+    if full.tpot_s <= slo_s:
+        return 0.0
+    spare = full.tokens_per_s - tokens_per_s
+    drain_s = (
+        settings.expected_dwell_s
+        if spare <= 0
+        else min(settings.restart_downtime_s * tokens_per_s / spare, settings.expected_dwell_s)
+    )
+    return drain_s * tokens_per_s
 
 
 def _plan_ahead(

@@ -227,3 +227,25 @@ def test_explores_an_uncertain_method_once_and_returns_when_it_disappoints() -> 
         decision, state = decide(obs, state, tuning, COST, 600.0 + 60.0 * tick)
         configs.append(state.current)
     assert configs[-1] == plain and configs.count(ngram) <= 2
+
+
+def test_a_restart_near_capacity_under_a_tight_slo_costs_its_backlog() -> None:
+    eagle = SpecConfig(method="eagle3", num_speculative_tokens=1, draft_model="d")
+    plain = SpecConfig()
+    base = TunerSettings(
+        candidates=(plain, eagle),
+        synthesize_schedules=False,
+        min_dwell_s=0,
+        restart_downtime_s=30.0,
+        expected_dwell_s=600.0,
+        exploration=0.0,
+    )
+    state = TunerState.initial(plain, 0.0, PRIORS)
+    # Batch 160: EAGLE-3 K=1 is predicted 18% faster, and both meet a 15 ms per-token SLO
+    # there, but not at max-num-seqs, where the 30 s backlog would be served, and the spare
+    # capacity is small: the drain would cost more than the gain.
+    obs = physics_observation(plain, 160.0)
+    loose, _ = decide(obs, state, replace(base, slo_tpot_p95_s=0.05), COST, 600.0)
+    tight, _ = decide(obs, state, replace(base, slo_tpot_p95_s=0.015), COST, 600.0)
+    assert loose.action == "switch" and loose.config == eagle
+    assert tight.action == "stay" and "not worth a restart" in tight.reason
