@@ -35,6 +35,12 @@ class AcceptanceCurve:
         """Mean tokens per drafted step, the bonus token included."""
         return 1.0 + self.expected_accepted(k)
 
+    def length_range(self, k: int, p_sd: float) -> tuple[float, float]:
+        """Expected lengths at K with p one standard deviation down and up."""
+        low = AcceptanceCurve(max(self.p - p_sd, 0.0), self.r).expected_length(k)
+        high = AcceptanceCurve(min(self.p + p_sd, 1.0), self.r).expected_length(k)
+        return low, high
+
     def draw(self, rng: random.Random, k: int) -> int:
         """Accepted tokens of one K-token draft."""
         for position in range(1, k + 1):

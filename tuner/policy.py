@@ -221,8 +221,7 @@ def _acceptance_note(
     if curve is None or k <= 0:
         return ""
     sd = state.acceptance_sd().get(config.method, 0.0)
-    high = AcceptanceCurve(min(curve.p + sd, 1.0), curve.r).expected_length(k)
-    low = AcceptanceCurve(max(curve.p - sd, 0.0), curve.r).expected_length(k)
+    low, high = curve.length_range(k, sd)
     source = "measured" if config.method in dict(state.acceptance_support) else "prior"
     return f", acceptance {curve.expected_length(k):.2f}+-{(high - low) / 2:.2f} ({source})"
 

@@ -115,8 +115,7 @@ class Surrogate:
         sd = self.acceptance_sd.get(method, 0.0)
         if curve is None or k <= 0 or sd <= 0:
             return 0.0
-        high = AcceptanceCurve(min(curve.p + sd, 1.0), curve.r).expected_length(k)
-        low = AcceptanceCurve(max(curve.p - sd, 0.0), curve.r).expected_length(k)
+        low, high = curve.length_range(k, sd)
         return math.log(high / low) / 2
 
     def predict(self, config: SpecConfig, batch: float, context_tokens: float) -> Prediction:
