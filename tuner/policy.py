@@ -187,8 +187,7 @@ def decide(
     payoff = improvement * settings.expected_dwell_s
     # At max-num-seqs a shortfall is a queue that grows for as long as it lasts, not a
     # slowdown: the smaller saturation tolerance applies there.
-    saturated = batch >= 0.9 * settings.max_batch
-    hurdle = settings.saturation_tolerance if saturated else settings.hysteresis
+    hurdle = settings.saturation_tolerance if _saturating(batch, settings) else settings.hysteresis
     if gain < hurdle or payoff <= switch_cost:
         return stay(
             f"{best_config.describe()} predicted {gain:+.1%}: below hysteresis "
@@ -283,6 +282,11 @@ def _forecast_batch(recent: Sequence[float], settings: TunerSettings) -> float |
     return forecast
 
 
+def _saturating(batch: float, settings: TunerSettings) -> bool:
+    """At (or within 10% of) max-num-seqs, where the saturation tolerance applies."""
+    return batch >= 0.9 * settings.max_batch
+
+
 def _switch_cost(
     tokens_per_s: float, batch: float, context: float, cost: StepCost, settings: TunerSettings
 ) -> float:
@@ -346,8 +350,9 @@ def _plan_ahead(
     later_switch = _switch_cost(best_ahead, forecast, context, cost, settings) / (
         now_pred.tokens_per_s * settings.expected_dwell_s
     )
-    saturating = forecast >= 0.9 * settings.max_batch
-    tolerance = settings.saturation_tolerance if saturating else settings.hysteresis
+    tolerance = (
+        settings.saturation_tolerance if _saturating(forecast, settings) else settings.hysteresis
+    )
 
     def merit(now_rate: float, ahead_rate: float) -> float:
         value = (now_rate / now_pred.tokens_per_s + 2 * ahead_rate / ahead_current) / 3
