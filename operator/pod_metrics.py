@@ -66,6 +66,10 @@ def _container_port(pod: Obj) -> int | None:
     return int(ports[0]["containerPort"]) if ports else None
 
 
+MAX_LATE_ROUNDS = 3
+"""Extra scrape rounds after the window for pods that gave only one snapshot."""
+
+
 class MetricsSource(Protocol):
     def window(
         self, engine: str, targets: Sequence[PodTarget], window_s: float
@@ -86,6 +90,7 @@ class ScrapeSource:
     ) -> list[WindowStats]:
         snapshots: dict[str, list[Snapshot]] = {t.name: [] for t in targets}
         deadline = self.clock() + window_s
+        late_rounds = 0
         with httpx.Client(timeout=self.timeout_s, transport=self.transport) as client:
             while True:
                 for target in targets:
@@ -95,9 +100,15 @@ class ScrapeSource:
                         continue  # a pod going away mid-window keeps what it gave
                     snapshots[target.name].append(snapshot)
                 left = deadline - self.clock()
-                if left <= 0:
+                if left > 0:
+                    self.sleep(min(self.interval_s, left))
+                    continue
+                # Scrapes slower than the window leave a pod with one snapshot, which is no
+                # window: scrape again, a bounded number of times (a pod may be going away).
+                short = any(len(taken) == 1 for taken in snapshots.values())
+                if not short or late_rounds >= MAX_LATE_ROUNDS:
                     break
-                self.sleep(min(self.interval_s, left))
+                late_rounds += 1
         return [
             window_stats(engine, name, taken)
             for name, taken in snapshots.items()

@@ -96,7 +96,9 @@ class LocalEngine:
         with httpx.Client(timeout=10) as client:
             while True:
                 snapshots.append(fetch_snapshot(client, f"{self.url}/metrics", time.time()))
-                if time.monotonic() >= deadline:
+                # a scrape slower than the window (a busy CPU engine) still needs a second
+                # snapshot: one snapshot is no window and would hide every counter
+                if time.monotonic() >= deadline and len(snapshots) >= 2:
                     break
                 time.sleep(min(self.scrape_interval_s, max(0.0, deadline - time.monotonic())))
         return observe(self.engine, [window_stats(self.engine, self.url, snapshots)])

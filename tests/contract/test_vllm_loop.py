@@ -160,7 +160,13 @@ def test_loop_switches_real_vllm_to_ngram_and_reads_its_acceptance(engine: Local
         assert switched.decision.config == NGRAM_K3, switched.decision.reason
         assert switched.applied and switched.decision.action == "switch"
         time.sleep(3.0)
-        after = loop.tick(time.time())
+        for _ in range(3):
+            after = loop.tick(time.time())
+            # the dwell holds every tick; a window in which the restarted server's one user was
+            # between requests drafts nothing, and the next window measures
+            assert not after.applied, after.decision.reason
+            if after.observation.acceptance_length is not None:
+                break
     assert load.tokens > 0
 
     # a new process, started from exactly what the adapter renders for ngram K=3
