@@ -9,7 +9,8 @@ from memory-bound to compute-bound at the knee (and, for MoE, more tokens touch 
 The anchor constants calibrate efficiency and overhead so that Llama-3.1-8B on H100 matches
 the published fit (5.9 ms + 21 us/token + 39 ns/KV token) at one token and in slope far past
 the knee; between the two the roofline is below the affine fit, which is what makes
-speculation lose at large batches.
+speculation lose at large batches. A GPU with a published per-step overhead of its own (B200,
+measured with SGLang) takes that instead of the anchor's.
 
 Sources: GPU peaks from vendor datasheets as gathered in REFERENCE.md section 4; model shapes
 from the models' published configs (Hugging Face model cards).
@@ -33,6 +34,9 @@ class Gpu:
     bandwidth: float
     """HBM bytes/s."""
     memory_bytes: float
+    step_overhead_s: float | None = None
+    """Per-step overhead measured on this GPU class where a measurement is published; None
+    takes the overhead of the H100 anchor fit (STEP_OVERHEAD_S)."""
 
     @property
     def ridge_flops_per_byte(self) -> float:
@@ -40,13 +44,27 @@ class Gpu:
         return self.peak_flops / self.bandwidth
 
 
+# SGLang on B200 spends far more per step than the H100 anchor's 1.1 ms besides streaming
+# weights: a sweep of SGLang v0.5.8 on B200 (bench_serving, random 1K in / 1K out; gist
+# BenHamm/78563d0d0a08d7cb61b4737392633384) measured 4.36 ms TPOT at concurrency 1 for
+# Nemotron3-Nano-30B-A3B in FP8, whose ~3.6 GB of active weights stream in ~0.45 ms at 8 TB/s.
+# Cross-check: DFlash's published run (SGLang PR 23000, v1: 846 tok/s at c=1) over its 5.1x
+# puts the plain Qwen3-8B step at ~6.0 ms, 2.05 ms of it weights: ~4.0 ms of overhead.
+B200_STEP_OVERHEAD_S = 3.9e-3
+
 GPUS: dict[str, Gpu] = {
     gpu.name: gpu
     for gpu in (
         Gpu(name="H100", peak_flops=989e12, bandwidth=3.35e12, memory_bytes=80e9),
         Gpu(name="H200", peak_flops=989e12, bandwidth=4.8e12, memory_bytes=141e9),
         Gpu(name="A100", peak_flops=312e12, bandwidth=2.0e12, memory_bytes=80e9),
-        Gpu(name="B200", peak_flops=2.25e15, bandwidth=8e12, memory_bytes=180e9),
+        Gpu(
+            name="B200",
+            peak_flops=2.25e15,
+            bandwidth=8e12,
+            memory_bytes=180e9,
+            step_overhead_s=B200_STEP_OVERHEAD_S,
+        ),
         Gpu(name="L40S", peak_flops=362e12, bandwidth=0.864e12, memory_bytes=48e9),
     )
 }
@@ -221,7 +239,7 @@ class StepTimeModel:
     @classmethod
     def roofline(cls, gpu: Gpu, profile: ModelProfile) -> StepTimeModel:
         return cls(
-            fixed_s=STEP_OVERHEAD_S,
+            fixed_s=STEP_OVERHEAD_S if gpu.step_overhead_s is None else gpu.step_overhead_s,
             weight_s=profile.weight_bytes_read(1) / gpu.bandwidth,
             per_token_s=2 * profile.active_params / (gpu.peak_flops * COMPUTE_EFFICIENCY),
             per_kv_token_s=profile.kv_bytes_per_token / gpu.bandwidth,
