@@ -126,17 +126,13 @@ class KubeRest:
     def post_event(
         self, involved: Mapping[str, Any], event_type: str, reason: str, message: str
     ) -> None:
-        """A core/v1 Event on `involved`; a repeat of the same one is counted, not duplicated."""
+        """A core/v1 Event on `involved`; a repeat of the same one is counted, not duplicated
+        (create; on AlreadyExists, read the count and patch it: RBAC create, get, patch)."""
         meta = involved["metadata"]
         namespace = meta.get("namespace") or "default"
         digest = hashlib.sha256(f"{meta.get('uid')}/{reason}/{message}".encode()).hexdigest()
         name = f"{meta['name']}.{digest[:12]}"
         now = now_iso()
-        live = self.get("v1", "events", namespace, name)
-        if live is not None:
-            bump = {"count": int(live.get("count", 1)) + 1, "lastTimestamp": now}
-            self.patch("v1", "events", namespace, name, bump)
-            return
         ref = {
             "apiVersion": involved.get("apiVersion"),
             "kind": involved.get("kind"),
@@ -144,22 +140,26 @@ class KubeRest:
             "namespace": namespace,
             "uid": meta.get("uid"),
         }
-        self.create(
-            {
-                "apiVersion": "v1",
-                "kind": "Event",
-                "metadata": {"name": name, "namespace": namespace},
-                "involvedObject": ref,
-                "type": event_type,
-                "reason": reason,
-                "message": message[:1024],
-                "source": {"component": COMPONENT},
-                "reportingComponent": COMPONENT,
-                "firstTimestamp": now,
-                "lastTimestamp": now,
-                "count": 1,
-            }
-        )
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": name, "namespace": namespace},
+            "involvedObject": ref,
+            "type": event_type,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": COMPONENT},
+            "reportingComponent": COMPONENT,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            self.create(event)
+        except KubeConflict:  # the same Event before: count it
+            live = self.get("v1", "events", namespace, name) or {}
+            bump = {"count": int(live.get("count", 1)) + 1, "lastTimestamp": now}
+            self.patch("v1", "events", namespace, name, bump)
 
     def _call(
         self,

@@ -70,6 +70,8 @@ class ControlLoop:
     comparable_batch_ratio: float = 1.5
     """The goodput check only judges when the batch moved by at most this factor."""
     history: list[TickRecord] = field(default_factory=list)
+    rolling_back: bool = False
+    """True while the loop applies a rollback (an actuator wrapper may label it so)."""
     _failed: dict[SpecConfig, float] = field(default_factory=dict)
     _pending: _PendingCheck | None = None
 
@@ -99,7 +101,7 @@ class ControlLoop:
                 self._pending = self._pending_check(observation, decision, previous.current)
             except Exception as exc:  # the engine refused: roll back, remember, back off
                 self._failed[decision.config] = now
-                self.actuator.apply(previous.current)
+                self._roll_back_to(previous.current)
                 self.state = replace(state, current=previous.current)
                 record = replace(record, error=f"{type(exc).__name__}: {exc}"[:500])
         else:
@@ -139,7 +141,7 @@ class ControlLoop:
             f"{before:.1f}), short by more than {self.goodput_tolerance:.0%}"
         )
         self._failed[pending.config] = now
-        self.actuator.apply(pending.previous)
+        self._roll_back_to(pending.previous)
         self.state = replace(self.state, current=pending.previous, since_s=now)
         decision = Decision(
             action="switch" if pending.previous.speculative else "off",
@@ -149,6 +151,13 @@ class ControlLoop:
             regime="unknown",
         )
         return TickRecord(now, observation, decision, applied=True, error=reason, rolled_back=True)
+
+    def _roll_back_to(self, config: SpecConfig) -> None:
+        self.rolling_back = True
+        try:
+            self.actuator.apply(config)
+        finally:
+            self.rolling_back = False
 
     def _without_failed(self, now: float) -> TunerSettings:
         blocked = {c for c, t in self._failed.items() if now - t < self.failed_backoff_s}

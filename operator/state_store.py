@@ -5,8 +5,10 @@ restart (kopf resume) or a fail-over to the standby replica continues where the 
 stopped; without a stored state, or with one that no longer parses, it starts from the spec's
 initial config and the emulator's per-method acceptance priors. A stored running config the
 spec no longer allows (candidates edited) is replaced by the spec's initial config, keeping the
-learned estimates. `failed` (configs that failed to roll out, with when) rides in the same JSON
-object under its own key, which `TunerState.from_json` ignores. `dump_state` is the inverse.
+learned estimates; so is any other than the initial config in modes off and recommend, which
+run what the spec says (an edit of `initial` takes effect there). `failed` (configs that
+failed to roll out, with when) rides in the same JSON object under its own key, which
+`TunerState.from_json` ignores. `dump_state` is the inverse.
 Status is the right home: it is per object, written with the rest of the status, and goes away
 with the object.
 """
@@ -68,7 +70,9 @@ def load_state(
     if missing:  # a method added to the candidates since: start it from its prior
         merged = {**missing, **known}
         state = replace(state, acceptance=tuple(sorted((m, c.p, c.r) for m, c in merged.items())))
-    if not allowed(spec, state.current):
+    # off and recommend run what the user wrote; auto keeps its choice while it is allowed
+    pinned = spec.tuning.mode != "auto" and state.current != spec.initial
+    if pinned or not allowed(spec, state.current):
         state = replace(state, current=spec.initial, since_s=now)
     return state, {c: t for c, t in failed.items() if allowed(spec, c)}
 

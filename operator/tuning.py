@@ -23,6 +23,7 @@ read back from status each tick, so a restarted or failed-over operator continue
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -50,6 +51,7 @@ from specpilot.tuner.spec_config import SpecConfig
 from specpilot.tuner.state import TunerState
 from specpilot.tuner.step_cost import StepCost
 
+logger = logging.getLogger(__name__)
 Obj = dict[str, Any]
 Sleep = Callable[[float], None]
 ActuatorFactory = Callable[[KubeRest, Obj, SpecDeploymentSpec, Sleep], Actuator]
@@ -78,12 +80,15 @@ def forget(namespace: str, name: str) -> None:
 
 
 def settings_for(spec: SpecDeploymentSpec) -> TunerSettings:
-    slo = spec.tuning.slo_tpot_p95_ms
+    # goodput counts only requests that meet the SLO; throughput counts every token
+    goodput = spec.tuning.objective == "goodput"
+    tpot, ttft = spec.tuning.slo_tpot_p95_ms, spec.tuning.slo_ttft_p95_ms
     return TunerSettings(
         candidates=spec.candidates,
         min_dwell_s=float(spec.tuning.min_dwell_s),
         restart_budget_per_hour=spec.tuning.restart_budget_per_hour,
-        slo_tpot_p95_s=slo / 1e3 if slo is not None else None,
+        slo_tpot_p95_s=tpot / 1e3 if goodput and tpot is not None else None,
+        slo_ttft_p95_s=ttft / 1e3 if goodput and ttft is not None else None,
         window_s=float(spec.tuning.interval_s),
         # the catalog GPU's KV capacity at vLLM's default memory utilisation: an estimate
         kv_capacity_tokens=cost_for(spec).kv_capacity_tokens(),
@@ -113,8 +118,18 @@ def kube_actuator(rest: KubeRest, body: Obj, spec: SpecDeploymentSpec, sleep: Sl
         spec=spec,
         metrics=metrics_source(spec, meta["namespace"], sleep),
         sleep=sleep,
-        notify=lambda reason, message: rest.post_event(body, "Normal", reason, message),
+        notify=lambda reason, message: post_event(rest, body, "Normal", reason, message),
+        owner=body,  # a canary or ConfigMap made mid-switch goes with the object
     )
+
+
+def post_event(rest: KubeRest, body: Mapping[str, Any], type_: str, reason: str, text: str) -> None:
+    """An Event, best effort: one that cannot be posted is logged and must not fail (or roll
+    back) the switch it describes; status.lastDecision says the same."""
+    try:
+        rest.post_event(body, type_, reason, text)
+    except Exception as exc:  # any API failure: RBAC, a conflict, the server away
+        logger.warning("could not post Event %s on %s: %s", reason, body["metadata"]["name"], exc)
 
 
 class _Announcing:
@@ -169,11 +184,13 @@ def tune(
     actuator = make_actuator(rest, fresh, spec, sleep)
 
     def announce(config: SpecConfig) -> None:
-        phase = "Switching" if config != state.current else "RollingBack"
+        rolling_back = config == state.current or (loop is not None and loop.rolling_back)
+        phase = "RollingBack" if rolling_back else "Switching"
         intended = replace(state, current=config)
         write_status(rest, fresh, {**status, "phase": phase, "currentConfig": config_to_status(
             config), "tunerState": dump_state(intended, failed)})  # fmt: skip
 
+    loop: ControlLoop | None = None
     if spec.tuning.mode == "auto":
         loop = _loops.get(key)
         if loop is None or loop.state.to_json() != state.to_json():
@@ -203,7 +220,7 @@ def tune(
     status["tunerState"] = dump_state(new_state, new_failed)
     latest = rest.get(API_VERSION, PLURAL, namespace, name) or fresh
     write_status(rest, latest, {**(latest.get("status") or {}), **status})
-    rest.post_event(fresh, event_type, _EVENT_REASONS[action], reason)
+    post_event(rest, fresh, event_type, _EVENT_REASONS[action], reason)
     obs = record.observation
     operator_metrics.record_config(namespace, name, new_state.current)
     operator_metrics.record_tick(
@@ -279,6 +296,8 @@ def _tick_status(
         out["regime"] = decision.regime
     if status.get("phase") in ("Switching", "RollingBack"):
         out["phase"] = "Running"  # the rollout (or its rollback) finished inside the tick
+    if action != "recommend" and "recommendation" in status:
+        out["recommendation"] = None  # stale: a merge patch with null removes it
     if action == "recommend":
         out["recommendation"] = {
             "config": config_to_status(decision.config),

@@ -54,6 +54,11 @@ class TunerSettings:
     """How far below the best a config may be at saturation (max-num-seqs reached): there a
     capacity shortfall is not a slowdown but a queue that grows for as long as it lasts."""
     slo_tpot_p95_s: float | None = None
+    """Per-token latency target: configs predicted to break it are not chosen, and a restart
+    pays for the backlog it would serve too slowly. None: throughput alone counts."""
+    slo_ttft_p95_s: float | None = None
+    """Time-to-first-token target: a restart whose downtime exceeds it pays for the requests
+    that wait longer (the tuner does not predict TTFT per config)."""
     max_downside: float = 0.05
     window_s: float = 60.0
     """Seconds between decisions (the spacing of the batches the forecast extrapolates)."""
@@ -181,9 +186,9 @@ def decide(
     switch_cost = _switch_cost(now_pred.tokens_per_s, batch, context, cost, settings) * (
         1.0 + trial_failure
     )
-    slo = settings.slo_tpot_p95_s
-    if slo is not None and now_pred.tpot_s <= slo:
-        switch_cost += _backlog_cost(best_config, throughput, slo, surrogate, context, settings)
+    switch_cost += _backlog_cost(
+        best_config, throughput, now_pred.tpot_s, surrogate, context, settings
+    )
     payoff = improvement * settings.expected_dwell_s
     # At max-num-seqs a shortfall is a queue that grows for as long as it lasts, not a
     # slowdown: the smaller saturation tolerance applies there.
@@ -299,29 +304,37 @@ def _switch_cost(
 def _backlog_cost(
     config: SpecConfig,
     tokens_per_s: float,
-    slo_s: float,
+    now_tpot_s: float,
     surrogate: Surrogate,
     context: float,
     settings: TunerSettings,
 ) -> float:
-    """Tokens a restart's backlog costs under a per-token latency SLO the engine now meets.
+    """Tokens a restart's backlog costs under the latency SLOs (goodput counts only the
+    requests that meet them); zero without SLOs.
 
-    Requests keep arriving while the engine is down; afterwards it serves them all at once, up
-    to max-num-seqs. When `config` breaks the SLO at that batch, nothing served while the
-    backlog drains counts, and the drain lasts downtime x rate / (capacity - rate): near
-    capacity a restart costs far more than its downtime. Zero when a full engine still meets
-    the SLO (the backlog is only late).
+    Requests keep arriving while the engine is down. The first ones wait the whole downtime
+    for their first token: with a TTFT target shorter than the downtime, the requests that
+    arrive during (downtime - target) miss it. Afterwards the engine serves the backlog at
+    once, up to max-num-seqs, and it drains over downtime x rate / (capacity - rate): with a
+    per-token target the engine meets now but `config` breaks at that batch, nothing served
+    while it drains counts (near capacity, far longer than the downtime). A request that misses
+    both targets is lost once: the larger of the two spans counts.
     """
-    full = surrogate.predict(config, float(settings.max_batch), context)
-    if full.tpot_s <= slo_s:
-        return 0.0
-    spare = full.tokens_per_s - tokens_per_s
-    drain_s = (
-        settings.expected_dwell_s
-        if spare <= 0
-        else min(settings.restart_downtime_s * tokens_per_s / spare, settings.expected_dwell_s)
-    )
-    return drain_s * tokens_per_s
+    lost_s = 0.0
+    tpot = settings.slo_tpot_p95_s
+    if tpot is not None and now_tpot_s <= tpot:
+        full = surrogate.predict(config, float(settings.max_batch), context)
+        if full.tpot_s > tpot:
+            spare = full.tokens_per_s - tokens_per_s
+            lost_s = (
+                settings.expected_dwell_s
+                if spare <= 0
+                else settings.restart_downtime_s * tokens_per_s / spare
+            )
+    ttft = settings.slo_ttft_p95_s
+    if ttft is not None:
+        lost_s = max(lost_s, settings.restart_downtime_s - ttft)
+    return min(lost_s, settings.expected_dwell_s) * tokens_per_s
 
 
 def _plan_ahead(

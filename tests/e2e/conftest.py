@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 from kube.apiserver import ApiServer, running_apiserver
+from kube.chart import operator_rules
 from kube.operator_process import wait_for as poll_until
 
 from e2e.kubelet import Kubelet
@@ -56,8 +57,9 @@ def models(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def apiserver(tmp_path: Path) -> Iterator[ApiServer]:
-    with running_apiserver(tmp_path) as api:
+    with running_apiserver(tmp_path, operator_rules=operator_rules(tmp_path)) as api:
         yield api
+        assert api.denials() == [], "the chart's ClusterRole refused the operator"
 
 
 @pytest.fixture
@@ -169,13 +171,13 @@ class Operator:
             command = [
                 sys.executable, "-m", "specpilot.operator.cli", "operator", "--standalone",
                 "--namespace", NAMESPACE, "--liveness-port", "0", "--metrics-port", "0",
-                "--kubeconfig", str(apiserver.kubeconfig),
+                "--kubeconfig", str(apiserver.operator_kubeconfig),
             ]  # fmt: skip
             self.process = subprocess.Popen(
                 command,
                 stdout=handle,
                 stderr=subprocess.STDOUT,
-                env=apiserver.env(),
+                env=apiserver.operator_env(),
                 start_new_session=True,
             )
 

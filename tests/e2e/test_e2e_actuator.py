@@ -38,7 +38,7 @@ def actuator_for(apiserver: ApiServer, models: Path, engine: str, replicas: int)
             "tuning": {"rolloutTimeoutSeconds": 60},
         }
     )
-    rest = KubeRest.from_config(str(apiserver.kubeconfig))
+    rest = KubeRest.from_config(str(apiserver.operator_kubeconfig))  # the operator's account
     return for_spec(
         api=RestKubeApi(rest),
         name="llm",

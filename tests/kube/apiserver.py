@@ -8,10 +8,15 @@ Usage (any test, sync or async; the server runs on its own thread and event loop
         api.url          # "http://127.0.0.1:PORT"
         api.kubeconfig   # Path of a kubeconfig for kubectl, kopf and the kubernetes client
         api.env()        # os.environ plus KUBECONFIG=api.kubeconfig, for subprocesses
+        api.operator_kubeconfig, api.operator_env()  # the same as the operator's account
+        api.denials()    # requests RBAC refused on the operator's account
         api.get("apps", "deployments", "default", "x")   # a snapshot dict, or None
         api.list("", "configmaps", namespace="default")  # snapshots, sorted by name
         api.call(lambda kube: ...)                       # run on the server's loop
 
+With `operator_rules` (e.g. `kube.chart.operator_rules()`, the Helm chart's ClusterRole) the
+server enforces them on the operator's account, as RBAC would: a request they do not grant is
+403 Forbidden and listed in `denials()`. Without them the operator's account may do anything.
 `crds` (default: every `crds/*.yaml` of the repository) are created at start, as
 `kubectl apply` would, so their custom resources are in discovery at once. The server is a
 `kube.realism.RealisticKubernetes` (KMock plus a realism layer; its docstring lists what it
@@ -49,6 +54,7 @@ class ApiServer:
     kubeconfig: Path
     kube: RealisticKubernetes
     loop: asyncio.AbstractEventLoop
+    operator_kubeconfig: Path
 
     def call(self, fn: Callable[[RealisticKubernetes], T], timeout: float = 10.0) -> T:
         """Run `fn(kube)` on the server's event loop (the store is not thread-safe)."""
@@ -75,14 +81,24 @@ class ApiServer:
     def env(self) -> dict[str, str]:
         return {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
 
+    def operator_env(self) -> dict[str, str]:
+        return {**os.environ, "KUBECONFIG": str(self.operator_kubeconfig)}
 
-def write_kubeconfig(path: Path, url: str) -> Path:
+    def denials(self) -> list[str]:
+        return self.call(lambda kube: list(kube.denials))
+
+
+ADMIN_TOKEN = "kmock"
+OPERATOR_TOKEN = "system:serviceaccount:specpilot:specpilot"
+
+
+def write_kubeconfig(path: Path, url: str, token: str = ADMIN_TOKEN) -> Path:
     config = {
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [{"name": "kmock", "cluster": {"server": url}}],
-        # A token keeps every client's loader happy; the mock server checks none.
-        "users": [{"name": "kmock", "user": {"token": "kmock"}}],
+        # The token names the account: the server enforces RBAC on the operator's only.
+        "users": [{"name": "kmock", "user": {"token": token}}],
         "contexts": [
             {
                 "name": "kmock",
@@ -100,7 +116,12 @@ def default_crds() -> list[Path]:
 
 
 @contextlib.contextmanager
-def running_apiserver(workdir: Path, *, crds: Iterable[Path] | None = None) -> Iterator[ApiServer]:
+def running_apiserver(
+    workdir: Path,
+    *,
+    crds: Iterable[Path] | None = None,
+    operator_rules: list[dict[str, Any]] | None = None,
+) -> Iterator[ApiServer]:
     documents = [
         doc
         for path in (default_crds() if crds is None else crds)
@@ -113,13 +134,15 @@ def running_apiserver(workdir: Path, *, crds: Iterable[Path] | None = None) -> I
 
     async def serve() -> None:
         try:
-            async with RealisticKubernetes() as kube, kmock.Server(kube) as server:
+            rbac = {} if operator_rules is None else {OPERATOR_TOKEN: operator_rules}
+            async with RealisticKubernetes(rbac=rbac) as kube, kmock.Server(kube) as server:
                 crd_kind = kube.kinds["apiextensions.k8s.io", "v1", "customresourcedefinitions"]
                 for doc in documents:
                     kube.put_object(crd_kind, None, doc)
                 url = str(server.url).rstrip("/")
                 config = write_kubeconfig(workdir / "kubeconfig", url)
-                started.set_result(ApiServer(url, config, kube, loop))
+                operator = write_kubeconfig(workdir / "operator.kubeconfig", url, OPERATOR_TOKEN)
+                started.set_result(ApiServer(url, config, kube, loop, operator))
                 await stop.wait()
                 kube.close_watches()
                 await asyncio.sleep(0.05)  # let the streams end before the server closes

@@ -1,9 +1,10 @@
 """`specpilot operator` as a subprocess against the mock API server, for tests. A TEST HELPER.
 
 Contract: `running_operator(api, log_path, *extra_args)` starts the real command with the
-server's kubeconfig and free probe/metrics ports, yields the `Operator` (process, ports, log),
-and on exit stops it with SIGTERM (kopf's graceful stop: peering keep-alive withdrawn), then
-SIGKILL after a grace period, so no process outlives the test. `wait_for(check, timeout)`
+operator's kubeconfig (its account, on which the server enforces RBAC when given rules) and
+free probe/metrics ports, yields the `Operator` (process, ports, log), and on exit stops it
+with SIGTERM (kopf's graceful stop: peering keep-alive withdrawn), then SIGKILL after a grace
+period, so no process outlives the test. `wait_for(check, timeout)`
 polls a check until it returns something truthy.
 """
 
@@ -50,7 +51,9 @@ def running_operator(api: ApiServer, log: Path, *extra: str) -> Iterator[Operato
         "--liveness-port", str(liveness), "--metrics-port", str(metrics), *extra,
     ]  # fmt: skip
     with log.open("wb") as sink:
-        process = subprocess.Popen(command, env=api.env(), stdout=sink, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            command, env=api.operator_env(), stdout=sink, stderr=subprocess.STDOUT
+        )
     try:
         yield Operator(process, log, liveness, metrics)
     finally:

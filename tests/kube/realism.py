@@ -19,12 +19,16 @@ closes the gaps REFERENCE.md section 6 lists:
 - CustomResourceDefinitions register their resources in discovery when created; custom
   resources are pruned, defaulted and validated against the CRD's openAPIV3Schema (422);
 - server-side Table output (kubectl's printer columns, Name and Age by default);
-- a few built-in defaults (Deployment strategy/replicas, Service type, pod template fields).
+- a few built-in defaults (Deployment strategy/replicas, Service type, pod template fields);
+- RBAC: requests with a token listed in `rbac` get 403 Forbidden unless its rules grant the
+  verb on the resource (the tests give the operator the Helm chart's ClusterRole).
 
 What a real API server still does differently:
 - no CEL (`x-kubernetes-validations`): a rule-breaking spec gets in and the operator reports it
   as Degraded; validation wording is openapi-schema-validator's; built-in kinds are not
-  validated; no admission webhooks, authn/authz (the token is ignored) or quotas;
+  validated; no admission webhooks or quotas; no authentication: RBAC rules are enforced only
+  on the tokens given in `rbac` (the operator's, with the Helm chart's ClusterRole), every
+  other token may do anything; non-resource URLs (discovery) are open to all;
 - strategic merge patch replaces lists instead of merging them by key; server-side apply is
   415 and there are no managedFields; dryRun, fieldValidation and fieldManager are ignored;
 - no controllers: Deployments get no status, ReplicaSets or Pods (tests/e2e's kubelet plays
@@ -52,7 +56,7 @@ import aiohttp.web
 import attrs
 import kmock
 
-from kube import objects, views
+from kube import chart, objects, views
 from kube.catalog import BUILTIN_KINDS, Kind, apply_builtin_defaults, kinds_from_crd
 from kube.routing import (
     Route,
@@ -87,6 +91,10 @@ class RealisticKubernetes(kmock.KubernetesScaffold):
     )
     _watches: list[_Watch] = attrs.field(factory=list, init=False)
     _rv: int = attrs.field(default=1000, init=False)
+    rbac: dict[str, list[Obj]] = attrs.field(factory=dict)
+    """Bearer token -> RBAC rules enforced on its requests; other tokens may do anything."""
+    denials: list[str] = attrs.field(factory=list, init=False)
+    """Every request refused by `rbac`, as 'verb group/resource', for the tests to assert on."""
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -161,10 +169,38 @@ class RealisticKubernetes(kmock.KubernetesScaffold):
     async def _serve(self, request: kmock.Request) -> kmock.Response:
         # KMock copies a returned Response's status into its reaction for good: always
         # return one, with the status of this very answer.
+        self._authorize(request)
         answer = self._route(request)
         if isinstance(answer, kmock.Response):
             return answer
         return kmock.Response(status=200, payload=answer)
+
+    def _authorize(self, request: kmock.Request) -> None:
+        """403 Forbidden, as RBAC answers, when the token's rules do not grant the request."""
+        token = header(request, "Authorization").removeprefix("Bearer ").strip()
+        rules = self.rbac.get(token)
+        route = parse_route(request.url.path)
+        if rules is None or route is None:
+            return
+        method = str(request.method.value).upper()
+        if method == "GET":
+            watching = request.params.get("watch") in ("true", "1")
+            verb = "watch" if watching else "get" if route.name else "list"
+        else:
+            verb = {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(method, "")
+            if method == "DELETE":
+                verb = "delete" if route.name else "deletecollection"
+        resource = f"{route.plural}/{route.sub}" if route.sub else route.plural
+        if chart.allows(rules, verb, route.group, resource):
+            return
+        self.denials.append(f"{verb} {route.group}/{resource}")
+        where = f' in the namespace "{route.namespace}"' if route.namespace else ""
+        raise error(
+            403,
+            "Forbidden",
+            f'{resource} is forbidden: User "{token}" cannot {verb} resource "{resource}" in '
+            f'API group "{route.group}"{where}',
+        )
 
     def _route(self, request: kmock.Request) -> kmock.Payload:
         route = parse_route(request.url.path)

@@ -3,42 +3,15 @@ rendered objects valid for Kubernetes 1.35; the CRD it ships is the repository's
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
-from typing import Any
 
 import kubernetes_validate
 import pytest
 import yaml
-from crd_validation import CRD_PATH, ROOT
+from crd_validation import CRD_PATH
+from kube.chart import CHART, allowed_verbs, find, helm, render
 
-HELM = ROOT / ".tools" / "kube" / "helm" / "helm"
-CHART = ROOT / "helm" / "specpilot"
 K8S_VERSION = "1.35.0"
-
-
-def helm(tmp_path: Path, *args: str) -> str:
-    assert HELM.exists(), f"{HELM} is missing: `make` fetches it (target .tools/kube)"
-    # Helm writes its cache and config under HOME; the test's own directory keeps runs apart.
-    env = {**os.environ, "HOME": str(tmp_path), "XDG_CACHE_HOME": str(tmp_path / "cache")}
-    done = subprocess.run(
-        [str(HELM), *args], capture_output=True, text=True, env=env, timeout=60, check=False
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done.stdout
-
-
-def render(tmp_path: Path, *values: str) -> list[dict[str, Any]]:
-    sets = [arg for value in values for arg in ("--set", value)]
-    out = helm(tmp_path, "template", "rel", str(CHART), "-n", "specpilot", "--include-crds", *sets)
-    return [doc for doc in yaml.safe_load_all(out) if doc]
-
-
-def find(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
-    matches = [d for d in docs if d["kind"] == kind and name in (None, d["metadata"]["name"])]
-    assert len(matches) == 1, f"{len(matches)} {kind} {name or ''}"
-    return matches[0]
 
 
 def test_chart_crd_is_the_repository_crd() -> None:
@@ -87,25 +60,17 @@ def test_operator_deployment(tmp_path: Path) -> None:
     assert find(docs, "ClusterKopfPeering")["metadata"]["name"] == "specpilot"
 
 
-def _allowed(rules: list[dict[str, Any]], group: str, resource: str) -> set[str]:
-    verbs: set[str] = set()
-    for rule in rules:
-        if group in rule["apiGroups"] and resource in rule["resources"]:
-            verbs |= set(rule["verbs"])
-    return verbs
-
-
 def test_cluster_role_grants_what_the_operator_does(tmp_path: Path) -> None:
     docs = render(tmp_path)
     rules = find(docs, "ClusterRole")["rules"]
     expected = {
         ("specpilot.io", "specdeployments"): {"get", "list", "watch", "patch"},
         ("specpilot.io", "specdeployments/status"): {"get", "patch"},
-        ("kopf.dev", "clusterkopfpeerings"): {"get", "list", "watch", "patch"},
-        ("kopf.dev", "kopfpeerings"): {"get", "list", "watch", "patch"},
+        ("kopf.dev", "clusterkopfpeerings"): {"get", "list", "watch", "patch", "create"},
+        ("kopf.dev", "kopfpeerings"): {"get", "list", "watch", "patch", "create"},
         ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
         ("", "namespaces"): {"list", "watch"},
-        ("", "events"): {"create"},
+        ("", "events"): {"create", "get", "patch"},
         ("apps", "deployments"): {"get", "list", "watch", "create", "patch", "delete"},
         ("", "services"): {"get", "list", "watch", "create", "patch"},
         ("", "configmaps"): {"get", "list", "watch", "create", "patch", "delete"},
@@ -113,7 +78,7 @@ def test_cluster_role_grants_what_the_operator_does(tmp_path: Path) -> None:
         ("monitoring.coreos.com", "podmonitors"): {"get", "list", "watch", "create", "patch"},
     }
     for (group, resource), verbs in expected.items():
-        assert _allowed(rules, group, resource) == verbs, (group, resource)
+        assert allowed_verbs(rules, group, resource) == verbs, (group, resource)
     assert all("*" not in r["verbs"] and "*" not in r["resources"] for r in rules)
     binding = find(docs, "ClusterRoleBinding")
     assert binding["roleRef"]["name"] == find(docs, "ClusterRole")["metadata"]["name"]

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 from kube.apiserver import ApiServer, running_apiserver
+from kube.chart import operator_rules
 from kube.operator_process import Operator, running_operator, wait_for
 
 GROUP = "specpilot.io"
@@ -42,10 +43,12 @@ def spd(name: str, **spec: Any) -> dict[str, Any]:
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ApiServer, Operator]]:
     workdir = tmp_path_factory.mktemp("kopf")
     with (
-        running_apiserver(workdir) as api,
+        running_apiserver(workdir, operator_rules=operator_rules(workdir)) as api,
         running_operator(api, workdir / "operator.log", "--standalone") as operator,
     ):
         yield api, operator
+        # everything the operator did in this module, the chart's ClusterRole allows
+        assert api.denials() == [], operator.text()[-3000:]
 
 
 @pytest.fixture

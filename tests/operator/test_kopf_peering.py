@@ -7,6 +7,7 @@ from typing import Any
 
 import httpx
 from kube.apiserver import running_apiserver
+from kube.chart import operator_rules
 from kube.operator_process import running_operator, stop, wait_for
 
 SPD_PATH = "/apis/specpilot.io/v1alpha1/namespaces/default/specdeployments"
@@ -32,7 +33,7 @@ def paused(log: str) -> bool:
 
 def test_two_replicas_one_active_and_the_standby_takes_over(tmp_path: Path) -> None:
     with (
-        running_apiserver(tmp_path) as api,
+        running_apiserver(tmp_path, operator_rules=operator_rules(tmp_path)) as api,
         httpx.Client(base_url=api.url, timeout=10) as http,
         running_operator(api, tmp_path / "high.log", "--priority", "200") as high,
         running_operator(api, tmp_path / "low.log", "--priority", "100") as low,
@@ -55,3 +56,4 @@ def test_two_replicas_one_active_and_the_standby_takes_over(tmp_path: Path) -> N
         wait_for(lambda: api.get("apps", "deployments", "default", "second"), 30)
         wait_for(lambda: "Handler 'reconcile_spec' succeeded" in low.text())
         assert low.process.poll() is None
+        assert api.denials() == []  # peering needs nothing the chart's ClusterRole lacks

@@ -15,12 +15,15 @@ from typing import Any
 import httpx
 import pytest
 from kube.apiserver import ApiServer, running_apiserver
+from kube.chart import operator_rules
 
-from specpilot.operator.crd_spec import SpecDeploymentSpec
+from specpilot.operator.crd_spec import SpecDeploymentSpec, decode_spec
+from specpilot.operator.kube_actuator import KubeActuator
 from specpilot.operator.kube_rest import KubeRest
 from specpilot.operator.reconcile import reconcile
-from specpilot.operator.tuning import forget, tune
+from specpilot.operator.tuning import forget, kube_actuator, settings_for, tune
 from specpilot.tuner.observation import Observation
+from specpilot.tuner.policy import TunerSettings
 from specpilot.tuner.spec_config import SpecConfig
 
 SPD_PATH = "/apis/specpilot.io/v1alpha1/namespaces/default/specdeployments"
@@ -57,13 +60,15 @@ def busy(batch: float = 256.0, tokens_per_s: float = 9000.0) -> Observation:
 
 @pytest.fixture
 def api(tmp_path: Path) -> Iterator[ApiServer]:
-    with running_apiserver(tmp_path) as server:
+    with running_apiserver(tmp_path, operator_rules=operator_rules(tmp_path)) as server:
         yield server
+        assert server.denials() == [], "the chart's ClusterRole refused the operator"
 
 
 @pytest.fixture
 def rest(api: ApiServer) -> KubeRest:
-    return KubeRest.from_config(str(api.kubeconfig))
+    """The operator's client, on its own account (RBAC: the chart's ClusterRole)."""
+    return KubeRest.from_config(str(api.operator_kubeconfig))
 
 
 def create(api: ApiServer, name: str, mode: str) -> dict[str, Any]:
@@ -187,3 +192,100 @@ def test_a_config_that_fails_is_rolled_back_and_backed_off(api: ApiServer, rest:
     assert "pods crash-looped" in status["lastDecision"]["reason"]
     assert json.loads(status["tunerState"])["failed"][0][0] == target.to_dict()
     assert events(api, "crashy2")["TunerSwitchFailed"]["type"] == "Warning"
+
+
+def test_the_objective_decides_whether_the_slo_counts() -> None:
+    def tuning(objective: str) -> TunerSettings:
+        body = {
+            "engine": "vllm",
+            "model": "m",
+            "speculative": {"candidates": [{"method": "ngram", "maxK": 4}]},
+            "tuning": {"objective": objective, "slo": {"tpotP95Ms": 40, "ttftP95Ms": 800}},
+        }
+        return settings_for(decode_spec(body))
+
+    goodput, throughput = tuning("goodput"), tuning("throughput")
+    assert (goodput.slo_tpot_p95_s, goodput.slo_ttft_p95_s) == (0.04, 0.8)
+    assert (throughput.slo_tpot_p95_s, throughput.slo_ttft_p95_s) == (None, None)
+
+
+def test_off_and_recommend_run_the_initial_config_the_spec_names_now(
+    api: ApiServer, rest: KubeRest
+) -> None:
+    reconcile(rest, create(api, "edited", "auto"))
+    actuator = FakeActuator(busy())
+    assert tune(rest, spd(api, "edited"), now=later(), make_actuator=factory(actuator))
+    (chosen,) = actuator.applied
+    assert chosen.max_k != 2
+    for mode in ("recommend", "off"):
+        patch = {"spec": {"tuning": {"mode": mode}, "speculative": {"initial": {"k": 2}}}}
+        rest.patch("specpilot.io/v1alpha1", "specdeployments", "default", "edited", patch)
+        reconcile(rest, spd(api, "edited"))
+        template = api.get("apps", "deployments", "default", "edited")["spec"]["template"]
+        running = json.loads(template["metadata"]["annotations"]["specpilot.io/config"])
+        assert (running["method"], running["num_speculative_tokens"]) == ("ngram", 2), mode
+        assert json.loads(spd(api, "edited")["status"]["tunerState"])["current"] == running
+
+
+def test_a_stale_recommendation_is_cleared(api: ApiServer, rest: KubeRest) -> None:
+    reconcile(rest, create(api, "stale", "recommend"))
+    now = later()
+    tune(rest, spd(api, "stale"), now=now, make_actuator=factory(FakeActuator(busy())))
+    assert "recommendation" in spd(api, "stale")["status"]
+    # the running config is the best one at this load: the tuner stays
+    quiet = FakeActuator(busy(batch=1.0, tokens_per_s=150.0))
+    outcome = tune(rest, spd(api, "stale"), now=now + 60, make_actuator=factory(quiet))
+    assert outcome is not None and outcome.action == "stay", outcome
+    assert "recommendation" not in spd(api, "stale")["status"]
+
+
+class ShortfallActuator(FakeActuator):
+    """Applies anything; after the first switch the engine delivers half what it did, and it
+    records the phase the operator announced before each rollout."""
+
+    def __init__(self, api: ApiServer, name: str) -> None:
+        super().__init__(busy())
+        self.api, self.name = api, name
+        self.phases: list[str] = []
+
+    def apply(self, config: SpecConfig) -> None:
+        super().apply(config)
+        self.phases.append(spd(self.api, self.name)["status"]["phase"])
+        if len(self.applied) == 1:
+            self.observation = busy(tokens_per_s=4500.0)
+
+
+def test_a_switch_short_of_its_prediction_is_rolled_back_and_remembered(
+    api: ApiServer, rest: KubeRest
+) -> None:
+    reconcile(rest, create(api, "short", "auto"))
+    actuator = ShortfallActuator(api, "short")
+    now = later()
+    first = tune(rest, spd(api, "short"), now=now, make_actuator=factory(actuator))
+    assert first is not None and first.applied
+    target = actuator.applied[0]
+    second = tune(rest, spd(api, "short"), now=now + 10, make_actuator=factory(actuator))
+    assert second is not None and second.action == "rollback", second
+    assert actuator.applied[-1].max_k == 4 and actuator.phases == ["Switching", "RollingBack"]
+    status = spd(api, "short")["status"]
+    assert status["phase"] == "Running" and status["lastDecision"]["action"] == "rollback"
+    stored = json.loads(status["tunerState"])
+    assert stored["current"]["num_speculative_tokens"] == 4
+    assert [c for c, _ in stored["failed"]] == [target.to_dict()]  # survives a restart
+    assert events(api, "short")["TunerRolledBack"]["type"] == "Warning"
+
+
+def test_what_the_actuator_creates_is_owned_by_the_spec_deployment(
+    api: ApiServer, rest: KubeRest
+) -> None:
+    body = create(api, "owned", "auto")
+    spec = decode_spec(body["spec"])
+    actuator = kube_actuator(rest, body, spec, time.sleep)
+    assert isinstance(actuator, KubeActuator)
+    canary = actuator.render(SpecConfig(), "canary")
+    (owner,) = canary["metadata"]["ownerReferences"]
+    assert (owner["uid"], owner["kind"], owner["controller"]) == (
+        body["metadata"]["uid"],
+        "SpecDeployment",
+        True,
+    )

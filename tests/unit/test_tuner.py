@@ -249,3 +249,25 @@ def test_a_restart_near_capacity_under_a_tight_slo_costs_its_backlog() -> None:
     tight, _ = decide(obs, state, replace(base, slo_tpot_p95_s=0.015), COST, 600.0)
     assert loose.action == "switch" and loose.config == eagle
     assert tight.action == "stay" and "not worth a restart" in tight.reason
+
+
+def test_a_ttft_target_shorter_than_the_restart_charges_the_requests_it_delays() -> None:
+    eagle = SpecConfig(method="eagle3", num_speculative_tokens=1, draft_model="d")
+    plain = SpecConfig()
+    base = TunerSettings(
+        candidates=(plain, eagle),
+        synthesize_schedules=False,
+        min_dwell_s=0,
+        restart_downtime_s=30.0,
+        expected_dwell_s=300.0,
+        exploration=0.0,
+    )
+    state = TunerState.initial(plain, 0.0, PRIORS)
+    obs = physics_observation(plain, 160.0)  # EAGLE-3 K=1 predicted 18% faster here
+    free, _ = decide(obs, state, base, COST, 600.0)
+    loose, _ = decide(obs, state, replace(base, slo_ttft_p95_s=29.0), COST, 600.0)
+    # a 30 s restart against a 0.5 s TTFT target: the requests of 29.5 s arrive too late to
+    # count, on top of the downtime itself, and that outweighs the gain over the dwell
+    tight, _ = decide(obs, state, replace(base, slo_ttft_p95_s=0.5), COST, 600.0)
+    assert free.config == loose.config == eagle and loose.action == "switch"
+    assert tight.action == "stay" and "not worth a restart" in tight.reason
