@@ -192,6 +192,9 @@ def _pod_spec(
         "command": container_command(spec),
         "args": container_args(spec, config),
         "ports": [{"name": PORT_NAME, "containerPort": spec.port, "protocol": "TCP"}],
+        # an engine that dies writes no termination message: its last log lines become it,
+        # and the rollback reason quotes them (operator/rollout.py)
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     env = _env(spec)
     if env:

@@ -13,9 +13,10 @@ change rolls out as a RollingUpdate: new pods are started up to maxSurge above t
 replicas, and old pods are stopped only while availability stays at or above replicas minus
 maxUnavailable (defaults 25%/25% as in Kubernetes; SpecPilot's Deployments say 1 and 0); old
 pods that are not Ready are stopped at once. A process that exits is reported as terminated
-with its exit code and the tail of its log as the message (what `terminationMessagePolicy:
-FallbackToLogsOnError` gives), then restarted after a doubling back-off, shown as
-CrashLoopBackOff meanwhile. Deleting a Deployment stops its pods and deletes them.
+with its exit code, and, where the container says `terminationMessagePolicy:
+FallbackToLogsOnError` and the exit is an error, the tail of its log as the message; then
+restarted after a doubling back-off, shown as CrashLoopBackOff meanwhile. Deleting a
+Deployment stops its pods and deletes them.
 
 What differs from a node, on purpose, each in one place (the node side is tests/e2e/node.py):
 - `node.local_program()` maps the container's program to an interpreter on this machine (the image
@@ -160,11 +161,11 @@ class Kubelet:
             pod.process = None
             pod.ready = False
             pod.restarts += 1
-            pod.last_exit = {
-                "exitCode": code,
-                "reason": "Completed" if code == 0 else "Error",
-                "message": pod.log.read_text(errors="replace")[-2000:],
-            }
+            pod.last_exit = {"exitCode": code, "reason": "Completed" if code == 0 else "Error"}
+            container = pod.pod["spec"]["containers"][0]
+            # as the kubelet does: the log tail only where the container asks for it
+            if code != 0 and container.get("terminationMessagePolicy") == "FallbackToLogsOnError":
+                pod.last_exit["message"] = pod.log.read_text(errors="replace")[-2000:]
             pod.restart_at = now + min(1.0 * 2 ** (pod.restarts - 1), 8.0)
         if pod.process is None and now >= pod.restart_at:
             pod.start()

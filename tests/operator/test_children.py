@@ -161,6 +161,8 @@ def test_probes_cover_model_loading() -> None:
     )
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert container[probe]["httpGet"] == {"path": "/health", "port": "http"}
+    # a crashed engine's last log lines become the termination message the rollback quotes
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
     startup = container["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 1200
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
-from kube.apiserver import ApiServer, running_apiserver
+from kube.apiserver import REPO, ApiServer, default_crds, running_apiserver
 from kube.chart import operator_rules
 
 from specpilot.operator.crd_spec import SpecDeploymentSpec, decode_spec
@@ -289,3 +289,19 @@ def test_what_the_actuator_creates_is_owned_by_the_spec_deployment(
         "SpecDeployment",
         True,
     )
+
+
+def test_a_pod_monitor_where_the_prometheus_operator_is_installed(tmp_path: Path) -> None:
+    crds = [*default_crds(), REPO / "tests" / "kube" / "crds" / "prometheus-operator-monitors.yaml"]
+    rules = operator_rules(tmp_path)
+    with running_apiserver(tmp_path, crds=crds, operator_rules=rules) as api:
+        rest = KubeRest.from_config(str(api.operator_kubeconfig))
+        body = create(api, "watched", "auto")
+        reconcile(rest, body)
+        monitor = api.get("monitoring.coreos.com", "podmonitors", "default", "watched")
+        assert monitor is not None, api.list("monitoring.coreos.com", "podmonitors")
+        (owner,) = monitor["metadata"]["ownerReferences"]
+        assert owner["uid"] == body["metadata"]["uid"]
+        pods = api.list("apps", "deployments", "default")[0]["spec"]["template"]["metadata"]
+        assert monitor["spec"]["selector"]["matchLabels"].items() <= pods["labels"].items()
+        assert api.denials() == []
