@@ -20,7 +20,9 @@ TYPECHECK := .cache/typecheck
 
 .PHONY: test demo engines lint clean
 
-test: lint $(KUBECTL) $(if $(filter 1,$(SPECPILOT_SKIP_ENGINES)),,engines)
+# Prometheus is small (a Debian package) and the operator's end-to-end tests read through it:
+# it is built even when the engines are skipped.
+test: lint $(KUBECTL) $(PROMETHEUS) $(if $(filter 1,$(SPECPILOT_SKIP_ENGINES)),,engines)
 	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m pytest
 
 # The main job on an embedded default: the emulator in real time behind the local actuator.

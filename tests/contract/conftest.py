@@ -2,8 +2,8 @@
 
 Everything here runs real software built by `make engines`: vLLM 0.32 (CPU build) and SGLang
 0.5.23 in their own virtual environments, Debian's Prometheus, and tiny local models. Tests
-marked `engines` are skipped with SPECPILOT_SKIP_ENGINES=1; otherwise a missing environment is
-a failure, never a silent skip.
+marked `engines` are skipped with SPECPILOT_SKIP_ENGINES=1 (tests/conftest.py); otherwise a
+missing environment is a failure, never a silent skip.
 """
 
 from __future__ import annotations
@@ -27,17 +27,7 @@ VLLM_PYTHON = ROOT / ".venvs/vllm/bin/python"
 SGLANG_PYTHON = ROOT / ".venvs/sglang/bin/python"
 PROMETHEUS = ROOT / ".tools/prometheus/usr/bin/prometheus"
 MODELS = ROOT / ".cache/tiny-models"
-SKIP_ENGINES = os.environ.get("SPECPILOT_SKIP_ENGINES") == "1"
 OFFLINE_ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not SKIP_ENGINES:
-        return
-    skip = pytest.mark.skip(reason="SPECPILOT_SKIP_ENGINES=1")
-    for item in items:
-        if "engines" in item.keywords:
-            item.add_marker(skip)
 
 
 def require(path: Path) -> Path:
