@@ -76,12 +76,18 @@ def status(apiserver: ApiServer, name: str) -> dict[str, Any]:
     return dict((found or {}).get("status") or {})
 
 
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
 def test_load_shift_switches_speculation_on_then_down(
-    apiserver: ApiServer, kubelet: Kubelet, operator: Operator, models: Path, load_factory
+    apiserver: ApiServer,
+    kubelet: Kubelet,
+    operator: Operator,
+    models: Path,
+    load_factory: Any,
+    engine: str,
 ) -> None:
     kubectl(
         apiserver, "apply", "--validate=false", "-f", "-",
-        stdin=manifest("llm", "vllm", models, str(models / "eagle3")),
+        stdin=manifest("llm", engine, models, str(models / "eagle3")),
     )  # fmt: skip
     try:
         wait_for("the first engine pod Ready", lambda: ready_pods(kubelet, "llm"), 60)
@@ -118,7 +124,7 @@ def test_load_shift_switches_speculation_on_then_down(
         regime = lambda: status(apiserver, "llm").get("regime")  # noqa: E731
         wait_for("the regime in status", lambda: regime() in ("compute-bound", "transition"), 30)
         table = kubectl(apiserver, "get", "spd", "llm")
-        assert "llm" in table and "vllm" in table, table
+        assert "llm" in table and engine in table, table
     except AssertionError:
         _explain(apiserver, operator)
         raise
