@@ -20,6 +20,7 @@ closes the gaps REFERENCE.md section 6 lists:
   resources are pruned, defaulted and validated against the CRD's openAPIV3Schema (422);
 - server-side Table output (kubectl's printer columns, Name and Age by default);
 - a few built-in defaults (Deployment strategy/replicas, Service type, pod template fields);
+- `/openapi/v3` and one OpenAPI v3 document per custom group/version, from the CRD schemas;
 - RBAC: requests with a token listed in `rbac` get 403 Forbidden unless its rules grant the
   verb on the resource (the tests give the operator the Helm chart's ClusterRole).
 
@@ -36,8 +37,9 @@ What a real API server still does differently:
   immediate and background only; deletion grace periods are 0;
 - no pagination (limit/continue) or resourceVersionMatch; bookmarks only for streaming lists;
   a 4096-event watch history; no Table output on watches; built-in kinds print Name and Age;
-- no protobuf and no OpenAPI documents (kubectl needs --validate=false; kubectl explain does
-  not work); no aggregated discovery v2; no conversion between CRD versions; generation is
+- no protobuf; OpenAPI v3 documents only for custom resources (`kubectl explain spd` works;
+  built-in kinds have none, and kubectl apply needs --validate=false); no OpenAPI v2; no
+  aggregated discovery v2; no conversion between CRD versions; generation is
   kept only for custom resources and apps/*.
 """
 
@@ -99,6 +101,7 @@ class RealisticKubernetes(kmock.KubernetesScaffold):
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
         self.fallback[re.compile(r"/api/v1/.+|/apis/[^/]+/[^/]+/.+")] << self._serve
+        self.fallback[re.compile(r"/openapi/v3(/.*)?")] << self._serve_openapi
         for kind in BUILTIN_KINDS:
             self.register(kind)
         for name in ("default", "kube-system"):
@@ -165,6 +168,17 @@ class RealisticKubernetes(kmock.KubernetesScaffold):
         if not kinds:
             raise error(404, "NotFound", "the server could not find the requested resource")
         return views.api_resource_list(kinds)
+
+    async def _serve_openapi(self, request: kmock.Request) -> kmock.Response:
+        kinds = list(self.kinds.values())
+        route = request.url.path.strip("/").split("/")  # openapi, v3, apis, group, version
+        if len(route) == 2:
+            return kmock.Response(status=200, payload=views.openapi_v3_index(kinds))
+        if len(route) == 5 and route[2] == "apis":
+            same = [k for k in kinds if (k.group, k.version) == (route[3], route[4]) and k.schema]
+            if same:
+                return kmock.Response(status=200, payload=views.openapi_v3_document(same))
+        raise error(404, "NotFound", "the server could not find the requested resource")
 
     async def _serve(self, request: kmock.Request) -> kmock.Response:
         # KMock copies a returned Response's status into its reaction for good: always

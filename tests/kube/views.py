@@ -1,5 +1,6 @@
 """How the mock API server presents objects besides as themselves: discovery lists, the
-autoscaling/v1 Scale of a scale subresource, and the server-side Table kubectl prints.
+autoscaling/v1 Scale of a scale subresource, the server-side Table kubectl prints, and the
+OpenAPI v3 documents of custom resources (what `kubectl explain` reads).
 
 Contract: pure functions over `catalog.Kind` values and stored objects, shaped as a real API
 server answers (kubectl reads printer columns only from a server-side Table: a CRD's
@@ -8,6 +9,8 @@ additionalPrinterColumns, else Name and Age; date columns come as kubectl's shor
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -76,3 +79,48 @@ def table(columns: Sequence[Mapping[str, Any]], items: Sequence[Obj], resource_v
     return {"apiVersion": "meta.k8s.io/v1", "kind": "Table",
             "metadata": {"resourceVersion": str(resource_version)},
             "columnDefinitions": definitions, "rows": rows}  # fmt: skip
+
+
+def openapi_v3_index(kinds: list[Kind]) -> Obj:
+    """`/openapi/v3`: one path per group/version that has custom resources (built-in kinds
+    carry no schema here), each with a content hash, as kubectl's OpenAPI v3 client expects."""
+    paths: Obj = {}
+    for group, version in sorted({(k.group, k.version) for k in kinds if k.schema}):
+        document = openapi_v3_document(
+            [k for k in kinds if (k.group, k.version) == (group, version)]
+        )
+        digest = hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()
+        paths[f"apis/{group}/{version}"] = {
+            "serverRelativeURL": f"/openapi/v3/apis/{group}/{version}?hash={digest[:32]}"
+        }
+    return {"paths": paths}
+
+
+def openapi_v3_document(kinds: list[Kind]) -> Obj:
+    """One group/version's OpenAPI v3 document: each kind's CRD schema under the name a real
+    server gives it (reversed group, version, kind), tagged with its group-version-kind, which
+    is how `kubectl explain` finds it."""
+    schemas: Obj = {}
+    paths: Obj = {}
+    for kind in kinds:
+        if not kind.schema:
+            continue
+        gvk = {"group": kind.group, "version": kind.version, "kind": kind.kind}
+        reversed_group = ".".join(reversed(kind.group.split(".")))
+        name = f"{reversed_group}.{kind.version}.{kind.kind}"
+        schemas[name] = {**kind.schema, "x-kubernetes-group-version-kind": [gvk]}
+        # kubectl explain maps the resource to its kind through the read operation's path
+        scope = "namespaces/{namespace}/" if kind.namespaced else ""
+        content = {"application/json": {"schema": {"$ref": f"#/components/schemas/{name}"}}}
+        paths[f"/apis/{kind.group}/{kind.version}/{scope}{kind.plural}/{{name}}"] = {
+            "get": {
+                "x-kubernetes-group-version-kind": gvk,
+                "responses": {"200": {"description": "OK", "content": content}},
+            }
+        }
+    return {
+        "openapi": "3.0.0",
+        "info": {"title": "Kubernetes", "version": "v1.35.0-kmock"},
+        "paths": paths,
+        "components": {"schemas": schemas},
+    }

@@ -93,3 +93,16 @@ def _file(name: str) -> str:
         if yaml.safe_load(path.read_text())["metadata"]["name"] == name:
             return path.name
     raise KeyError(name)
+
+
+def test_kubectl_explain_teaches_the_api(api: ApiServer) -> None:
+    kubectl(api, "apply", "--validate=false", "-f", str(REPO / "crds" / "specdeployment.yaml"))
+    top = kubectl(api, "explain", "spd")
+    assert "KIND:       SpecDeployment" in top and "VERSION:    v1alpha1" in top
+    field = kubectl(api, "explain", "spd.spec.tuning.objective")
+    assert "FIELD: objective <string>" in field and "goodput" in field and "throughput" in field
+    # every field the schema has, kubectl lists, and none without its description
+    listing = kubectl(api, "explain", "spd.spec", "--recursive")
+    for name in ("speculative", "candidates", "draftModel", "tuning", "tpotP95Ms", "canary"):
+        assert f"{name}\t<" in listing, name
+    assert "<no description>" not in kubectl(api, "explain", "spd.spec.tuning.slo")
