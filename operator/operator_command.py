@@ -5,7 +5,8 @@ the given namespaces. HA: run 2 replicas with the same `--peering` name; each ta
 priority at start (or `--priority`), so exactly one is active and the other pauses until the
 active one's keep-alive stops (kopf peering; the peering object is created when missing).
 `--standalone` turns peering off (one replica). Liveness/readiness: kopf's probe endpoint
-(`--liveness URL`, or /healthz on `--liveness-port`; it answers once the operator runs).
+(`--liveness URL`, or /healthz on `--liveness-port`, 0 for none; it answers once the
+operator runs).
 The operator's own Prometheus metrics are on `--metrics-port` (0 disables).
 """
 
@@ -34,11 +35,15 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     parser.add_argument(
         "--all-namespaces", action="store_true", help="watch every namespace (the default)"
     )
-    parser.add_argument("--liveness-port", type=int, default=8080)
+    parser.add_argument(
+        "--liveness-port", type=int, default=8080, help="probe port (0: no probe endpoint)"
+    )
     parser.add_argument(
         "--liveness", help="probe endpoint URL (default http://0.0.0.0:<liveness-port>/healthz)"
     )
-    parser.add_argument("--metrics-port", type=int, default=9090)
+    parser.add_argument(
+        "--metrics-port", type=int, default=9090, help="operator metrics port (0: none)"
+    )
     parser.add_argument("--kubeconfig", help="default: in-cluster, else $KUBECONFIG")
     parser.add_argument("--verbose", action="store_true")
     parser.set_defaults(run=run)
@@ -68,7 +73,9 @@ def run(ns: argparse.Namespace) -> int:
             standalone=ns.standalone,
             priority=priority,
             peering_name=None if ns.standalone else ns.peering,
-            liveness_endpoint=ns.liveness or f"http://0.0.0.0:{ns.liveness_port}/healthz",
+            # kopf reads port 0 in a URL as HTTP's 80: no port means no endpoint here
+            liveness_endpoint=ns.liveness
+            or (f"http://0.0.0.0:{ns.liveness_port}/healthz" if ns.liveness_port else None),
             memo=memo,
         )
     return 0
