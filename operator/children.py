@@ -226,7 +226,8 @@ def _pod_spec(
 def desired_deployment(
     *, name: str, namespace: str, spec: SpecDeploymentSpec, config: SpecConfig, role: Role = "main"
 ) -> dict[str, Any]:
-    """The engine Deployment running `config` (rolling update: surge 1, unavailable 0)."""
+    """The engine Deployment running `config` (rolling update as the spec says: by default
+    surge 1, unavailable 0)."""
     config_map = desired_config_map(
         name=name, namespace=namespace, spec=spec, config=config, role=role
     )
@@ -244,7 +245,10 @@ def desired_deployment(
         body["replicas"] = spec.replicas
     body["strategy"] = {
         "type": "RollingUpdate",
-        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+        "rollingUpdate": {
+            "maxSurge": spec.tuning.max_surge,
+            "maxUnavailable": spec.tuning.max_unavailable,
+        },
     }
     # The Deployment controller marks the rollout failed (Progressing=False,
     # ProgressDeadlineExceeded) at the same deadline the actuator rolls back on.

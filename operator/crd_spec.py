@@ -100,6 +100,8 @@ class TuningSpec:
     restart_budget_per_hour: int = 4
     rollout_timeout_s: int = 900
     canary: bool = False
+    max_surge: int = 1
+    max_unavailable: int = 0
     metrics_source: MetricsSource = "scrape"
     prometheus_url: str | None = None
 
@@ -242,7 +244,8 @@ def _env(r: SpecReader) -> EnvVar:
 def _tuning(r: SpecReader) -> TuningSpec:
     r.known(
         "mode", "objective", "slo", "intervalSeconds", "minDwellSeconds",
-        "restartBudgetPerHour", "rolloutTimeoutSeconds", "canary", "metrics",
+        "restartBudgetPerHour", "rolloutTimeoutSeconds", "canary", "maxSurge", "maxUnavailable",
+        "metrics",
     )  # fmt: skip
     d = TuningSpec()
     slo = r.sub("slo")
@@ -263,6 +266,8 @@ def _tuning(r: SpecReader) -> TuningSpec:
             r.int_("rolloutTimeoutSeconds", 30, 7200), d.rollout_timeout_s
         ),
         canary=or_default(r.bool_("canary"), d.canary),
+        max_surge=or_default(r.int_("maxSurge", 0, 1024), d.max_surge),
+        max_unavailable=or_default(r.int_("maxUnavailable", 0, 1024), d.max_unavailable),
         metrics_source=cast(
             MetricsSource,
             or_default(metrics.str_("source", choices=METRICS_SOURCES), d.metrics_source),
@@ -273,6 +278,10 @@ def _tuning(r: SpecReader) -> TuningSpec:
         tuning.slo_tpot_p95_ms is None and tuning.slo_ttft_p95_ms is None
     ):
         raise SpecError(f"{r.path}.slo", None, "tpotP95Ms and/or ttftP95Ms with objective goodput")
+    if tuning.max_surge == 0 and tuning.max_unavailable == 0:
+        raise SpecError(
+            f"{r.path}.maxSurge", 0, "maxSurge > 0 or maxUnavailable > 0 (else no rollout can move)"
+        )
     if tuning.metrics_source == "prometheus" and tuning.prometheus_url is None:
         raise SpecError(f"{metrics.path}.prometheusUrl", None, "a Prometheus base URL (http://...)")
     url = tuning.prometheus_url

@@ -137,6 +137,13 @@ def test_rolling_update_surges_one_and_never_drops_capacity() -> None:
         "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
     }
     assert deployment["spec"]["progressDeadlineSeconds"] == spec.tuning.rollout_timeout_s
+    # no spare GPU: replace one pod at a time instead
+    tight = _spec(tuning={"maxSurge": 0, "maxUnavailable": 1})
+    replace_in_place = desired_deployment(name="x", namespace="ns", spec=tight, config=SpecConfig())
+    assert replace_in_place["spec"]["strategy"]["rollingUpdate"] == {
+        "maxSurge": 0,
+        "maxUnavailable": 1,
+    }
 
 
 def test_gpu_and_memory_requests_and_limits() -> None:

@@ -165,6 +165,8 @@ def test_crd_defaults_equal_dataclass_defaults() -> None:
         (("spec", "tuning", "restartBudgetPerHour"), tuning.restart_budget_per_hour),
         (("spec", "tuning", "rolloutTimeoutSeconds"), tuning.rollout_timeout_s),
         (("spec", "tuning", "canary"), tuning.canary),
+        (("spec", "tuning", "maxSurge"), tuning.max_surge),
+        (("spec", "tuning", "maxUnavailable"), tuning.max_unavailable),
         (("spec", "tuning", "metrics", "source"), tuning.metrics_source),
     ]
     for path, value in table:
@@ -308,6 +310,9 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
      "spec.speculative.candidates"),
     ("maxK as text", cands(ngram(maxK="3")), C0 + ".maxK"),
     ("canary as text", with_({"tuning": {"canary": "yes"}}), "spec.tuning.canary"),
+    ("a rollout that cannot move", with_({"tuning": {"maxSurge": 0, "maxUnavailable": 0}}),
+     "spec.tuning.maxSurge"),
+    ("negative surge", with_({"tuning": {"maxSurge": -1}}), "spec.tuning.maxSurge"),
     ("env as a map", with_({"env": {"A": "1"}}), "spec.env"),
 ]  # fmt: skip
 
