@@ -47,3 +47,17 @@ class AcceptanceCurve:
             if rng.random() >= self.conditional(position):
                 return position - 1
         return k
+
+
+def p_for_length(length: float, k: int, r: float) -> float:
+    """The p whose chain with decay r gives this acceptance length at K (bisection; the length
+    is clamped to what a K-token draft can give, 1 to K + 1)."""
+    low, high = 0.0, 1.0
+    target = min(max(length, 1.0), 1.0 + k)
+    for _ in range(40):
+        middle = (low + high) / 2
+        if AcceptanceCurve(middle, r).expected_length(k) < target:
+            low = middle
+        else:
+            high = middle
+    return (low + high) / 2

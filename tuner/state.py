@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from specpilot.tuner.acceptance import AcceptanceCurve
+from specpilot.tuner.acceptance import AcceptanceCurve, p_for_length
 from specpilot.tuner.observation import Observation
 from specpilot.tuner.spec_config import SpecConfig
 from specpilot.tuner.surrogate import ResidualPoint
@@ -90,7 +90,7 @@ class TunerState:
         prior = curves.get(config.method)
         if k == 0 or prior is None:
             return self
-        observed_p = _solve_p(length, k, prior.r)
+        observed_p = p_for_length(length, k, prior.r)
         p = (1 - LEARNING_RATE) * prior.p + LEARNING_RATE * observed_p
         curves[config.method] = AcceptanceCurve(p, prior.r)
         support = dict(self.acceptance_support)
@@ -185,16 +185,3 @@ def _blend(estimate: float, observed: float) -> float:
     if estimate == 0.0:
         return observed
     return (1 - LEARNING_RATE) * estimate + LEARNING_RATE * observed
-
-
-def _solve_p(length: float, k: int, r: float) -> float:
-    """The p whose chain with decay r gives this acceptance length at K (bisection)."""
-    low, high = 0.0, 1.0
-    target = min(max(length, 1.0), 1.0 + k)
-    for _ in range(40):
-        middle = (low + high) / 2
-        if AcceptanceCurve(middle, r).expected_length(k) < target:
-            low = middle
-        else:
-            high = middle
-    return (low + high) / 2

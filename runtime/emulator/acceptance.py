@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Literal, get_args
 
-from specpilot.tuner.acceptance import AcceptanceCurve
+from specpilot.tuner.acceptance import AcceptanceCurve, p_for_length
 from specpilot.tuner.spec_config import ConfigError
 
 Task = Literal["chat", "code", "summarize", "math", "creative"]
@@ -73,28 +73,16 @@ _MTP = {
 DFLASH_DECAY = 0.98
 DFLASH_BLOCK_K = 15
 DFLASH_GSM8K_LENGTH = 6.345
-# Length by task relative to GSM8K, from a DFlash drafter measured on five benchmarks (ROCm
+# Length by task relative to GSM8K, from a DFlash drafter measured benchmark by benchmark (ROCm
 # ATOM PR 1881, Qwen3.5 MoE target, run 1: GSM8K 5.74, HumanEval 6.89, MBPP 5.25, MT-Bench
 # 3.60); applied to Qwen3-8B's measured GSM8K length, an assumption (no per-task lengths are
 # published for this pair).
 _DFLASH_OVER_GSM8K = {"code": (6.89 + 5.25) / 2 / 5.74, "chat": 3.60 / 5.74}
 
 
-def _p_for_length(length: float, k: int, r: float) -> float:
-    """The first-position acceptance p whose chain gives `length` at K (bisection)."""
-    low, high = 0.0, 1.5  # p above 1 saturates the first positions, as long blocks need
-    for _ in range(60):
-        middle = (low + high) / 2
-        if AcceptanceCurve(middle, r).expected_length(k) < length:
-            low = middle
-        else:
-            high = middle
-    return (low + high) / 2
-
-
 def _dflash_by_task() -> dict[str, AcceptanceCurve]:
     def solved(ratio: float) -> float:
-        return _p_for_length(DFLASH_GSM8K_LENGTH * ratio, DFLASH_BLOCK_K, DFLASH_DECAY)
+        return p_for_length(DFLASH_GSM8K_LENGTH * ratio, DFLASH_BLOCK_K, DFLASH_DECAY)
 
     p = {"math": solved(1.0), **{t: solved(x) for t, x in _DFLASH_OVER_GSM8K.items()}}
     # summarize and creative: chat scaled by MTP's task ratios (derived, like the others')

@@ -212,26 +212,26 @@ class SlowScrapes:
         return httpx.Response(200, text=self.engine.text())
 
 
-def test_scrapes_slower_than_the_window_still_measure_a_window() -> None:
-    slow = SlowScrapes(scrape_s=12.0, answers=10)
+POD_A = PodTarget(name="pod-a", url="http://pod-a/metrics", config=None)
+
+
+def _window_of(slow: SlowScrapes, window_s: float) -> list[WindowStats]:
+    """ScrapeSource's window over pod-a, on the slow scrapes' own clock."""
     source = ScrapeSource(
         clock=lambda: slow.now,
         sleep=lambda s: None,
         transport=httpx.MockTransport(slow.handle),
     )
-    target = PodTarget(name="pod-a", url="http://pod-a/metrics", config=None)
-    (stats,) = source.window("vllm", [target], window_s=8.0)
+    return source.window("vllm", [POD_A], window_s=window_s)
+
+
+def test_scrapes_slower_than_the_window_still_measure_a_window() -> None:
+    (stats,) = _window_of(SlowScrapes(scrape_s=12.0, answers=10), window_s=8.0)
     assert stats.window_s == pytest.approx(12.0)  # two snapshots, one scrape apart
     assert stats.counters and observe("vllm", [stats]).acceptance_length is not None
 
 
 def test_a_pod_that_stops_answering_ends_the_window_without_it() -> None:
     slow = SlowScrapes(scrape_s=12.0, answers=1)
-    source = ScrapeSource(
-        clock=lambda: slow.now,
-        sleep=lambda s: None,
-        transport=httpx.MockTransport(slow.handle),
-    )
-    target = PodTarget(name="pod-a", url="http://pod-a/metrics", config=None)
-    assert source.window("vllm", [target], window_s=8.0) == []
+    assert _window_of(slow, window_s=8.0) == []
     assert slow.now == pytest.approx(12.0 * (1 + MAX_LATE_ROUNDS))  # bounded retries, then gives up

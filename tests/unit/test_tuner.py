@@ -229,45 +229,41 @@ def test_explores_an_uncertain_method_once_and_returns_when_it_disappoints() -> 
     assert configs[-1] == plain and configs.count(ngram) <= 2
 
 
-def test_a_restart_near_capacity_under_a_tight_slo_costs_its_backlog() -> None:
-    eagle = SpecConfig(method="eagle3", num_speculative_tokens=1, draft_model="d")
-    plain = SpecConfig()
-    base = TunerSettings(
-        candidates=(plain, eagle),
+EAGLE3_K1 = SpecConfig(method="eagle3", num_speculative_tokens=1, draft_model="d")
+
+
+def _at_batch_160(dwell_s: float) -> tuple[TunerSettings, TunerState, Observation]:
+    """No speculation running at batch 160, where EAGLE-3 K=1 is predicted 18% faster; a
+    restart costs 30 s, its gain counts over `dwell_s`."""
+    settings = TunerSettings(
+        candidates=(SpecConfig(), EAGLE3_K1),
         synthesize_schedules=False,
         min_dwell_s=0,
         restart_downtime_s=30.0,
-        expected_dwell_s=600.0,
+        expected_dwell_s=dwell_s,
         exploration=0.0,
     )
-    state = TunerState.initial(plain, 0.0, PRIORS)
-    # Batch 160: EAGLE-3 K=1 is predicted 18% faster, and both meet a 15 ms per-token SLO
-    # there, but not at max-num-seqs, where the 30 s backlog would be served, and the spare
-    # capacity is small: the drain would cost more than the gain.
-    obs = physics_observation(plain, 160.0)
+    state = TunerState.initial(SpecConfig(), 0.0, PRIORS)
+    return settings, state, physics_observation(SpecConfig(), 160.0)
+
+
+def test_a_restart_near_capacity_under_a_tight_slo_costs_its_backlog() -> None:
+    base, state, obs = _at_batch_160(600.0)
+    # Both meet a 15 ms per-token SLO at batch 160, but not at max-num-seqs, where the 30 s
+    # backlog would be served, and the spare capacity is small: the drain would cost more
+    # than the gain.
     loose, _ = decide(obs, state, replace(base, slo_tpot_p95_s=0.05), COST, 600.0)
     tight, _ = decide(obs, state, replace(base, slo_tpot_p95_s=0.015), COST, 600.0)
-    assert loose.action == "switch" and loose.config == eagle
+    assert loose.action == "switch" and loose.config == EAGLE3_K1
     assert tight.action == "stay" and "not worth a restart" in tight.reason
 
 
 def test_a_ttft_target_shorter_than_the_restart_charges_the_requests_it_delays() -> None:
-    eagle = SpecConfig(method="eagle3", num_speculative_tokens=1, draft_model="d")
-    plain = SpecConfig()
-    base = TunerSettings(
-        candidates=(plain, eagle),
-        synthesize_schedules=False,
-        min_dwell_s=0,
-        restart_downtime_s=30.0,
-        expected_dwell_s=300.0,
-        exploration=0.0,
-    )
-    state = TunerState.initial(plain, 0.0, PRIORS)
-    obs = physics_observation(plain, 160.0)  # EAGLE-3 K=1 predicted 18% faster here
+    base, state, obs = _at_batch_160(300.0)
     free, _ = decide(obs, state, base, COST, 600.0)
     loose, _ = decide(obs, state, replace(base, slo_ttft_p95_s=29.0), COST, 600.0)
     # a 30 s restart against a 0.5 s TTFT target: the requests of 29.5 s arrive too late to
     # count, on top of the downtime itself, and that outweighs the gain over the dwell
     tight, _ = decide(obs, state, replace(base, slo_ttft_p95_s=0.5), COST, 600.0)
-    assert free.config == loose.config == eagle and loose.action == "switch"
+    assert free.config == loose.config == EAGLE3_K1 and loose.action == "switch"
     assert tight.action == "stay" and "not worth a restart" in tight.reason
