@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from specpilot.runtime.emulator.calibration import (
+from specpilot.runtime.emulator.calibration_checks import (
     KNOWN_GAPS,
     TOLERANCE,
     calibration_rows,
@@ -40,7 +40,7 @@ def main() -> None:
         )
         + "\n"
     )
-    from specpilot.runtime.emulator.calibration import markdown_table
+    from specpilot.runtime.emulator.calibration_checks import markdown_table
 
     curve_lines = " | ".join(f"c={c}: {s:.2f}x" for c, s in curve)
     (RESULTS / "calibration.md").write_text(
@@ -55,7 +55,7 @@ def main() -> None:
         "(prompt 256, output 384 tokens, each +-50%: an assumption, the published output "
         "lengths are not given). The acceptance curve is anchored on SGLang's measured length; "
         "the B200 per-step overhead (3.9 ms) comes from SGLang's measured TPOT on B200 "
-        "(tuner/hardware.py), not from these speedups.\n"
+        "(tuner/_model/hardware.py), not from these speedups.\n"
         + f"\nEAGLE-3 K=3, Llama-3.1-8B on H100, chat, speedup by concurrency: {curve_lines}\n"
     )
     print((RESULTS / "calibration.md").read_text())

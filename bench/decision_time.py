@@ -13,12 +13,15 @@ import time
 from pathlib import Path
 
 from specpilot.runtime.emulator.acceptance import acceptance_curve
-from specpilot.tuner.observation import Observation
-from specpilot.tuner.policy import TunerSettings, decide
-from specpilot.tuner.spec_config import SpecConfig
-from specpilot.tuner.state import TunerState
-from specpilot.tuner.step_cost import StepCost
-from specpilot.tuner.surrogate import Surrogate
+from specpilot.tuner import (
+    Observation,
+    SpecConfig,
+    StepCost,
+    Surrogate,
+    TunerSettings,
+    TunerState,
+    decide,
+)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

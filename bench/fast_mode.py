@@ -10,9 +10,8 @@ import platform
 import time
 from pathlib import Path
 
-from specpilot.runtime.emulator.simulate import simulate
-from specpilot.tuner import SpecConfig
-from specpilot.tuner.step_cost import StepCost
+from specpilot.runtime.emulator.fast_sweep import simulate
+from specpilot.tuner import SpecConfig, StepCost
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -19,7 +19,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from specpilot.operator.bench_command import bench
+from specpilot.operator.app.bench_command import bench
 from specpilot.runtime.traces import load_trace
 
 HERE = Path(__file__).resolve().parent

@@ -49,12 +49,14 @@ from specpilot.runtime.emulator.acceptance import acceptance_curve
 from specpilot.runtime.engines import LaunchSettings, get_adapter
 from specpilot.runtime.local_engine import LocalEngine
 from specpilot.runtime.probe import fit_step_time
-from specpilot.tuner.acceptance import AcceptanceCurve
-from specpilot.tuner.hardware import StepTimeModel
-from specpilot.tuner.policy import TunerSettings
-from specpilot.tuner.spec_config import SpecConfig
-from specpilot.tuner.state import TunerState
-from specpilot.tuner.step_cost import StepCost
+from specpilot.tuner import (
+    AcceptanceCurve,
+    SpecConfig,
+    StepCost,
+    StepTimeModel,
+    TunerSettings,
+    TunerState,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"

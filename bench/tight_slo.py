@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from specpilot.operator.bench_command import bench
+from specpilot.operator.app.bench_command import bench
 from specpilot.runtime.traces import parse_trace
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -19,11 +19,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from specpilot.tuner.observation import Observation
-from specpilot.tuner.policy import Decision, TunerSettings, decide
-from specpilot.tuner.spec_config import SpecConfig
-from specpilot.tuner.state import TunerState
-from specpilot.tuner.step_cost import StepCost
+from specpilot.tuner import (
+    Decision,
+    Observation,
+    SpecConfig,
+    StepCost,
+    TunerSettings,
+    TunerState,
+    decide,
+)
 
 
 class Actuator(Protocol):

@@ -20,11 +20,10 @@ from pathlib import Path
 
 import httpx
 
+from specpilot.runtime.engine_metrics import observe
 from specpilot.runtime.engines import LaunchSettings, get_adapter
-from specpilot.runtime.metrics import observe
 from specpilot.runtime.scrape import Snapshot, fetch_snapshot, window_stats
-from specpilot.tuner.observation import Observation
-from specpilot.tuner.spec_config import SpecConfig
+from specpilot.tuner import Observation, SpecConfig
 
 
 class EngineStartError(RuntimeError):

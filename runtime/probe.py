@@ -26,8 +26,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from specpilot.tuner.hardware import ModelProfile, StepTimeModel
-from specpilot.tuner.spec_config import ConfigError
+from specpilot.tuner import ConfigError, ModelProfile, StepTimeModel
 
 TOKEN_SWEEP: tuple[int, ...] = (1, 4, 16, 64, 256)
 KV_SWEEP: tuple[int, ...] = (0, 2048, 8192)

@@ -15,7 +15,7 @@ from typing import Any
 from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
 
-from specpilot.runtime.metrics import VLLM_PER_POSITION, WindowStats, engine_metrics
+from specpilot.runtime.engine_metrics import VLLM_PER_POSITION, WindowStats, engine_metrics
 
 
 class PromQLError(RuntimeError):

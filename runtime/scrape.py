@@ -17,7 +17,12 @@ from itertools import pairwise
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from specpilot.runtime.metrics import VLLM_PER_POSITION, MetricSpec, WindowStats, engine_metrics
+from specpilot.runtime.engine_metrics import (
+    VLLM_PER_POSITION,
+    MetricSpec,
+    WindowStats,
+    engine_metrics,
+)
 
 Labels = tuple[tuple[str, str], ...]
 _LabelFilter = Callable[[Labels], bool]

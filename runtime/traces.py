@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specpilot.runtime.emulator.acceptance import TASKS
-from specpilot.tuner.spec_config import ConfigError
+from specpilot.tuner import ConfigError
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,11 +1,57 @@
-"""specpilot.tuner: pure decision logic (no Kubernetes, no HTTP, no clock)."""
+"""specpilot.tuner: pure decision logic (no Kubernetes, no HTTP, no clock).
 
+This is the tuner's public face: callers import from here, never from the private maths in
+`specpilot.tuner._model` (acceptance chains, the roofline, step cost, the surrogate, schedule
+synthesis), the way Optuna keeps its `_gp/` apart from the samplers. Inside the tuner, modules
+import each other by their own paths.
+"""
+
+from specpilot.tuner._model.acceptance import AcceptanceCurve
+from specpilot.tuner._model.hardware import (
+    GPUS,
+    PROFILES,
+    Gpu,
+    ModelProfile,
+    StepTimeModel,
+    get_gpu,
+    get_profile,
+)
+from specpilot.tuner._model.step_cost import StepCost
+from specpilot.tuner._model.surrogate import Surrogate
+from specpilot.tuner.observation import Observation
+from specpilot.tuner.policy import Decision, TunerSettings, decide
 from specpilot.tuner.spec_config import (
+    DRAFT_WEIGHT_METHODS,
     SPEC_METHODS,
+    TREE_METHODS,
     ConfigError,
     ScheduleTier,
     SpecConfig,
     SpecMethod,
 )
+from specpilot.tuner.state import TunerState
 
-__all__ = ["SPEC_METHODS", "ConfigError", "ScheduleTier", "SpecConfig", "SpecMethod"]
+__all__ = [
+    "DRAFT_WEIGHT_METHODS",
+    "GPUS",
+    "PROFILES",
+    "SPEC_METHODS",
+    "TREE_METHODS",
+    "AcceptanceCurve",
+    "ConfigError",
+    "Decision",
+    "Gpu",
+    "ModelProfile",
+    "Observation",
+    "ScheduleTier",
+    "SpecConfig",
+    "SpecMethod",
+    "StepCost",
+    "StepTimeModel",
+    "Surrogate",
+    "TunerSettings",
+    "TunerState",
+    "decide",
+    "get_gpu",
+    "get_profile",
+]

@@ -1,7 +1,7 @@
 """Observation: what an engine (or a set of pods) did over one window, as the tuner reads it.
 
 Contract: every quantity is a number or None (unknown: missing series, no drafts in the
-window); `unknown` lists the None ones. Produced by `specpilot.runtime.metrics` from engine
+window); `unknown` lists the None ones. Produced by `specpilot.runtime.engine_metrics` from engine
 /metrics or PromQL; consumed by the tuner, which never learns where the numbers came from.
 """
 

@@ -25,13 +25,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from specpilot.tuner.acceptance import AcceptanceCurve
+from specpilot.tuner._model.acceptance import AcceptanceCurve
+from specpilot.tuner._model.schedule import synthesize_schedule
+from specpilot.tuner._model.step_cost import StepCost
+from specpilot.tuner._model.surrogate import Prediction, Surrogate
 from specpilot.tuner.observation import Observation
-from specpilot.tuner.schedule import synthesize_schedule
 from specpilot.tuner.spec_config import SpecConfig
 from specpilot.tuner.state import TunerState
-from specpilot.tuner.step_cost import StepCost
-from specpilot.tuner.surrogate import Prediction, Surrogate
 
 Action = Literal["stay", "switch", "off"]
 

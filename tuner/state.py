@@ -17,10 +17,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from specpilot.tuner.acceptance import AcceptanceCurve, p_for_length
+from specpilot.tuner._model.acceptance import AcceptanceCurve, p_for_length
+from specpilot.tuner._model.surrogate import ResidualPoint
 from specpilot.tuner.observation import Observation
 from specpilot.tuner.spec_config import SpecConfig
-from specpilot.tuner.surrogate import ResidualPoint
 
 MAX_RESIDUALS = 128
 LEARNING_RATE = 0.3

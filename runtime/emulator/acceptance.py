@@ -1,6 +1,6 @@
 """Acceptance: how many drafted tokens the target keeps, per method x task, drawn per step.
 
-Contract: the chain model of `specpilot.tuner.acceptance` (q_i = min(1, p x r^(i-1))), with a
+Contract: the chain model of `specpilot.tuner._model.acceptance` (q_i = min(1, p x r^(i-1))), with a
 (p, r) per method x task that the emulator treats as ground truth.
 
 Calibration (REFERENCE.md section 5; `bench/calibration.py` checks every anchored number):
@@ -30,8 +30,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Literal, get_args
 
-from specpilot.tuner.acceptance import AcceptanceCurve, p_for_length
-from specpilot.tuner.spec_config import ConfigError
+from specpilot.tuner import ConfigError
+from specpilot.tuner._model.acceptance import AcceptanceCurve, p_for_length
 
 Task = Literal["chat", "code", "summarize", "math", "creative"]
 TASKS: tuple[str, ...] = get_args(Task)

@@ -22,9 +22,7 @@ from dataclasses import dataclass, field
 
 from specpilot.runtime.emulator.acceptance import acceptance_curve
 from specpilot.runtime.emulator.sglang_adaptive import SglangAdaptive
-from specpilot.tuner.acceptance import AcceptanceCurve
-from specpilot.tuner.spec_config import SpecConfig
-from specpilot.tuner.step_cost import StepCost
+from specpilot.tuner import AcceptanceCurve, SpecConfig, StepCost
 
 DEFAULT_MAX_NUM_SEQS = 256
 DEFAULT_MAX_BATCHED_TOKENS = 8192

@@ -36,8 +36,7 @@ from specpilot.runtime.emulator.core import DEFAULT_MAX_NUM_SEQS, EngineCore, Re
 from specpilot.runtime.emulator.exposition import Exposition, exposition_for
 from specpilot.runtime.engines import get_adapter
 from specpilot.runtime.engines.base import find_flags, parse_int_flag
-from specpilot.tuner.spec_config import ConfigError, SpecConfig
-from specpilot.tuner.step_cost import StepCost
+from specpilot.tuner import ConfigError, SpecConfig, StepCost
 
 FILLER = "the model speculates and verifies tokens in one pass while the batch grows".split()
 # Seconds a real engine takes to load weights and warm up, per profile parameter count; an

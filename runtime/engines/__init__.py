@@ -12,7 +12,7 @@ from specpilot.runtime.engines.base import (
 )
 from specpilot.runtime.engines.sglang import SglangAdapter
 from specpilot.runtime.engines.vllm import VllmAdapter
-from specpilot.tuner.spec_config import ConfigError
+from specpilot.tuner import ConfigError
 
 ADAPTERS: dict[str, EngineAdapter] = {"vllm": VllmAdapter(), "sglang": SglangAdapter()}
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from specpilot.tuner.spec_config import ConfigError, SpecConfig
+from specpilot.tuner import ConfigError, SpecConfig
 
 EngineName = Literal["vllm", "sglang"]
 DraftNeed = Literal["required", "optional", "forbidden"]

@@ -26,7 +26,7 @@ from specpilot.runtime.engines.base import (
     parse_int_flag,
     refuse_speculative_flags,
 )
-from specpilot.tuner.spec_config import ConfigError, ScheduleTier, SpecConfig, SpecMethod
+from specpilot.tuner import ConfigError, ScheduleTier, SpecConfig, SpecMethod
 
 CAPABILITIES: Mapping[str, MethodSupport] = {
     "ngram": MethodSupport("ngram", "forbidden", schedule=True, prompt_lookup=True),

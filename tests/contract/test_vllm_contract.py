@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from specpilot.runtime.engine_metrics import observe
 from specpilot.runtime.engines import LaunchSettings, get_adapter
-from specpilot.runtime.metrics import observe
 from specpilot.runtime.promql import PromQLReader
 from specpilot.runtime.scrape import Snapshot, fetch_snapshot, parse_snapshot, window_stats
 from specpilot.tuner import SpecConfig

@@ -28,11 +28,7 @@ from specpilot.operator.loop import ControlLoop
 from specpilot.runtime.emulator.acceptance import acceptance_curve
 from specpilot.runtime.engines import LaunchSettings, get_adapter
 from specpilot.runtime.local_engine import LocalEngine
-from specpilot.tuner.hardware import StepTimeModel
-from specpilot.tuner.policy import TunerSettings
-from specpilot.tuner.spec_config import SpecConfig
-from specpilot.tuner.state import TunerState
-from specpilot.tuner.step_cost import StepCost
+from specpilot.tuner import SpecConfig, StepCost, StepTimeModel, TunerSettings, TunerState
 
 from conftest import OFFLINE_ENV, VLLM_PYTHON, free_port, require
 

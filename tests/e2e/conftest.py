@@ -169,7 +169,7 @@ class Operator:
         self.log = workdir / "operator.log"
         with self.log.open("wb") as handle:
             command = [
-                sys.executable, "-m", "specpilot.operator.cli", "operator", "--standalone",
+                sys.executable, "-m", "specpilot.operator.app.cli", "operator", "--standalone",
                 "--namespace", NAMESPACE, "--liveness-port", "0", "--metrics-port", "0",
                 "--kubeconfig", str(apiserver.operator_kubeconfig),
             ]  # fmt: skip

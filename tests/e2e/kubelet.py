@@ -50,7 +50,7 @@ from typing import Any
 import httpx
 
 from e2e.node import LocalPod, container_argv, port_number
-from specpilot.operator.pod_metrics import pod_target
+from specpilot.operator.kube.pod_metrics import pod_target
 
 Obj = dict[str, Any]
 

@@ -43,7 +43,7 @@ def local_program(command: Sequence[str]) -> list[str]:
         raise UnknownProgram("the container has no command (an image ENTRYPOINT is not known)")
     program, rest = os.path.basename(command[0]), list(command[1:])
     if program == "specpilot":
-        return [sys.executable, "-m", "specpilot.operator.cli", *rest]
+        return [sys.executable, "-m", "specpilot.operator.app.cli", *rest]
     if program.startswith("python"):
         module = rest[1] if rest[:1] == ["-m"] and len(rest) > 1 else ""
         if module.startswith("vllm"):

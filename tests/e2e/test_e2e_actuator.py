@@ -12,12 +12,12 @@ from kube.apiserver import ApiServer
 
 from e2e.conftest import NAMESPACE, ServiceLoad, emulator_command, wait_for
 from e2e.kubelet import Kubelet
-from specpilot.operator.crd_spec import decode_spec
-from specpilot.operator.kube_actuator import KubeActuator, RolloutError, for_spec
-from specpilot.operator.kube_api import RestKubeApi
-from specpilot.operator.kube_rest import KubeRest
-from specpilot.operator.pod_metrics import ScrapeSource
-from specpilot.tuner.spec_config import SpecConfig
+from specpilot.operator.api.spec import decode_spec
+from specpilot.operator.kube.actuator import KubeActuator, RolloutError, for_spec
+from specpilot.operator.kube.client import KubeRest
+from specpilot.operator.kube.deployment_api import RestKubeApi
+from specpilot.operator.kube.pod_metrics import ScrapeSource
+from specpilot.tuner import SpecConfig
 
 
 def actuator_for(apiserver: ApiServer, models: Path, engine: str, replicas: int) -> KubeActuator:

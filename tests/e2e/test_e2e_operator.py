@@ -27,7 +27,7 @@ from e2e.conftest import (
     wait_for,
 )
 from e2e.kubelet import Kubelet
-from specpilot.tuner.spec_config import SpecConfig
+from specpilot.tuner import SpecConfig
 
 
 def manifest(name: str, engine: str, models: Path, draft: str, **tuning: Any) -> str:

@@ -17,15 +17,12 @@ from specpilot.operator.loop import ControlLoop
 from specpilot.runtime.emulator.acceptance import acceptance_curve
 from specpilot.runtime.engines import LaunchSettings
 from specpilot.runtime.local_engine import LocalEngine
-from specpilot.tuner.policy import TunerSettings
-from specpilot.tuner.spec_config import SpecConfig
-from specpilot.tuner.state import TunerState
-from specpilot.tuner.step_cost import StepCost
+from specpilot.tuner import SpecConfig, StepCost, TunerSettings, TunerState
 
 EMULATE = [
     sys.executable,
     "-m",
-    "specpilot.operator.cli",
+    "specpilot.operator.app.cli",
     "emulate",
     "--engine",
     "vllm",
@@ -41,7 +38,7 @@ CRASHES_ON_SPECULATION = [
     "if '--speculative-config' in sys.argv: sys.exit('unsupported draft head')\n"
     "sys.argv = ['specpilot', 'emulate', '--engine', 'vllm', '--load-delay', '0.2',"
     " *sys.argv[1:]]\n"
-    "runpy.run_module('specpilot.operator.cli', run_name='__main__')\n",
+    "runpy.run_module('specpilot.operator.app.cli', run_name='__main__')\n",
 ]
 
 

@@ -39,7 +39,7 @@ def test_short_demo_writes_plot_and_summary_and_cleans_up(tmp_path: Path) -> Non
     command = [
         sys.executable,
         "-m",
-        "specpilot.operator.cli",
+        "specpilot.operator.app.cli",
         "demo",
         "--duration",
         "40",

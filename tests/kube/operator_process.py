@@ -47,7 +47,7 @@ class Operator:
 def running_operator(api: ApiServer, log: Path, *extra: str) -> Iterator[Operator]:
     liveness, metrics = free_port(), free_port()
     command = [
-        sys.executable, "-m", "specpilot.operator.cli", "operator", "--verbose",
+        sys.executable, "-m", "specpilot.operator.app.cli", "operator", "--verbose",
         "--liveness-port", str(liveness), "--metrics-port", str(metrics), *extra,
     ]  # fmt: skip
     with log.open("wb") as sink:

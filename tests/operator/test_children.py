@@ -13,7 +13,8 @@ import pytest
 import yaml
 from crd_validation import ROOT
 
-from specpilot.operator.children import (
+from specpilot.operator.api.spec import SpecDeploymentSpec, decode_spec
+from specpilot.operator.kube.children import (
     CONFIG_ANNOTATION,
     INSTANCE_LABEL,
     MANAGED_BY_LABEL,
@@ -28,9 +29,8 @@ from specpilot.operator.children import (
     pod_selector,
     selector_labels,
 )
-from specpilot.operator.crd_spec import SpecDeploymentSpec, decode_spec
 from specpilot.runtime.engines import get_adapter
-from specpilot.tuner.spec_config import SpecConfig
+from specpilot.tuner import SpecConfig
 
 K8S_VERSION = "1.35.0"
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))

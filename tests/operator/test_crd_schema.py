@@ -25,7 +25,7 @@ from crd_validation import (
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specpilot.operator.crd_spec import (
+from specpilot.operator.api.spec import (
     CANDIDATE_METHODS,
     DEFAULT_IMAGES,
     METRICS_SOURCES,
@@ -40,8 +40,7 @@ from specpilot.operator.crd_spec import (
     decode_spec,
 )
 from specpilot.runtime.engines import ADAPTERS
-from specpilot.tuner.hardware import GPUS, PROFILES
-from specpilot.tuner.spec_config import SpecConfig
+from specpilot.tuner import GPUS, PROFILES, SpecConfig
 
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 

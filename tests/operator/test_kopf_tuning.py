@@ -17,14 +17,12 @@ import pytest
 from kube.apiserver import REPO, ApiServer, default_crds, running_apiserver
 from kube.chart import operator_rules
 
-from specpilot.operator.crd_spec import SpecDeploymentSpec, decode_spec
-from specpilot.operator.kube_actuator import KubeActuator
-from specpilot.operator.kube_rest import KubeRest
-from specpilot.operator.reconcile import reconcile
-from specpilot.operator.tuning import forget, kube_actuator, settings_for, tune
-from specpilot.tuner.observation import Observation
-from specpilot.tuner.policy import TunerSettings
-from specpilot.tuner.spec_config import SpecConfig
+from specpilot.operator.api.spec import SpecDeploymentSpec, decode_spec
+from specpilot.operator.kube.actuator import KubeActuator
+from specpilot.operator.kube.client import KubeRest
+from specpilot.operator.kube.reconcile import reconcile
+from specpilot.operator.kube.tuning_daemon import forget, kube_actuator, settings_for, tune
+from specpilot.tuner import Observation, SpecConfig, TunerSettings
 
 SPD_PATH = "/apis/specpilot.io/v1alpha1/namespaces/default/specdeployments"
 

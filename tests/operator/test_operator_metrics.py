@@ -5,8 +5,8 @@ from __future__ import annotations
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from specpilot.operator import operator_metrics as om
-from specpilot.tuner.spec_config import SpecConfig
+from specpilot.operator.kube import exported_metrics as om
+from specpilot.tuner import SpecConfig
 
 
 def samples() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from hypothesis import strategies as st
 
 from specpilot.runtime.engines import MethodSupport
-from specpilot.tuner.spec_config import (
+from specpilot.tuner import (
     DRAFT_WEIGHT_METHODS,
     SPEC_METHODS,
     TREE_METHODS,

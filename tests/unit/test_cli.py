@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from specpilot.operator.cli import main
+from specpilot.operator.app.cli import main
 from specpilot.tuner import SpecConfig
 
 

@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from specpilot.runtime.emulator.calibration import (
+from specpilot.runtime.emulator.calibration_checks import (
     KNOWN_GAPS,
     TOLERANCE,
     calibration_rows,
     crossover,
 )
 from specpilot.runtime.emulator.core import EngineCore, Request
-from specpilot.runtime.emulator.simulate import simulate
-from specpilot.tuner import SpecConfig
-from specpilot.tuner.step_cost import StepCost
+from specpilot.runtime.emulator.fast_sweep import simulate
+from specpilot.tuner import SpecConfig, StepCost
 
 H100_8B = StepCost.for_hardware("H100", "llama-3.1-8b")
 EAGLE3_K3 = SpecConfig(method="eagle3", num_speculative_tokens=3, draft_model="d")

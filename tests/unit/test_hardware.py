@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from specpilot.tuner import ConfigError
-from specpilot.tuner.hardware import GPUS, PROFILES, StepTimeModel, get_gpu, get_profile
+from specpilot.tuner import GPUS, PROFILES, ConfigError, StepTimeModel, get_gpu, get_profile
 
 
 def test_anchor_profile_reproduces_published_fit() -> None:

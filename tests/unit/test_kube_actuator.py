@@ -1,4 +1,4 @@
-"""The Kubernetes actuator's logic without a cluster: rollout reading (operator/rollout.py),
+"""The Kubernetes actuator's logic without a cluster: rollout reading (operator/kube/rollout.py),
 patch/follow/timeout/crash/canary with an in-memory API and a fake clock, and the loop's
 goodput check (operator/loop.py) with a scripted actuator."""
 
@@ -12,23 +12,19 @@ from typing import Any
 
 import pytest
 
-from specpilot.operator.crd_spec import decode_spec
-from specpilot.operator.kube_actuator import (
+from specpilot.operator.api.spec import decode_spec
+from specpilot.operator.kube.actuator import (
     CanaryRejected,
     KubeActuator,
     RolloutError,
     for_spec,
 )
+from specpilot.operator.kube.pod_metrics import PodTarget, pod_target
+from specpilot.operator.kube.rollout import rollout_status
 from specpilot.operator.loop import ControlLoop
-from specpilot.operator.pod_metrics import PodTarget, pod_target
-from specpilot.operator.rollout import rollout_status
 from specpilot.runtime.emulator.acceptance import acceptance_curve
-from specpilot.runtime.metrics import WindowStats
-from specpilot.tuner.observation import Observation
-from specpilot.tuner.policy import TunerSettings
-from specpilot.tuner.spec_config import SpecConfig
-from specpilot.tuner.state import TunerState
-from specpilot.tuner.step_cost import StepCost
+from specpilot.runtime.engine_metrics import WindowStats
+from specpilot.tuner import Observation, SpecConfig, StepCost, TunerSettings, TunerState
 
 Obj = dict[str, Any]
 EAGLE = SpecConfig(method="eagle3", num_speculative_tokens=3, draft_model="/d")

@@ -9,8 +9,13 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from specpilot.operator.pod_metrics import MAX_LATE_ROUNDS, PodTarget, ScrapeSource
-from specpilot.runtime.metrics import WindowStats, histogram_quantile, observe, observe_per_pod
+from specpilot.operator.kube.pod_metrics import MAX_LATE_ROUNDS, PodTarget, ScrapeSource
+from specpilot.runtime.engine_metrics import (
+    WindowStats,
+    histogram_quantile,
+    observe,
+    observe_per_pod,
+)
 from specpilot.runtime.scrape import ScrapeError, parse_snapshot, window_stats
 
 LABELS = {"model_name": "m", "engine": "0"}

@@ -21,8 +21,7 @@ from specpilot.runtime.probe import (
     layer_shapes,
     run_probe,
 )
-from specpilot.tuner import ConfigError
-from specpilot.tuner.hardware import PROFILES, ModelProfile, get_profile
+from specpilot.tuner import PROFILES, ConfigError, ModelProfile, get_profile
 
 # Small enough to probe at full width in a test: hidden 512, 8 heads of 64 (2 for KV), MLP
 # 1792, a 1000-token vocabulary, 4 layers.

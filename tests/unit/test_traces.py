@@ -6,10 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from specpilot.runtime.emulator.trace_sim import run_trace, static
+from specpilot.runtime.emulator.fast_replay import run_trace, static
 from specpilot.runtime.traces import load_trace, parse_trace
-from specpilot.tuner import ConfigError, SpecConfig
-from specpilot.tuner.step_cost import StepCost
+from specpilot.tuner import ConfigError, SpecConfig, StepCost
 
 SHIPPED = sorted((Path(__file__).resolve().parents[2] / "bench" / "traces").glob("*.csv"))
 
@@ -89,7 +88,7 @@ def test_a_free_switch_keeps_what_was_running() -> None:
 
 
 def test_bench_command_compares_every_policy(tmp_path: Path) -> None:
-    from specpilot.operator.cli import main
+    from specpilot.operator.app.cli import main
 
     trace = tmp_path / "short.csv"
     trace.write_text("t,rps,chat,code\n0,2,1,0\n60,20,0,1\n120,0,1,0\n")

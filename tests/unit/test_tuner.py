@@ -9,14 +9,17 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specpilot.tuner.acceptance import AcceptanceCurve
-from specpilot.tuner.observation import Observation
-from specpilot.tuner.policy import TunerSettings, decide
-from specpilot.tuner.schedule import synthesize_schedule
-from specpilot.tuner.spec_config import SpecConfig
-from specpilot.tuner.state import TunerState
-from specpilot.tuner.step_cost import StepCost
-from specpilot.tuner.surrogate import Surrogate
+from specpilot.tuner import (
+    AcceptanceCurve,
+    Observation,
+    SpecConfig,
+    StepCost,
+    Surrogate,
+    TunerSettings,
+    TunerState,
+    decide,
+)
+from specpilot.tuner._model.schedule import synthesize_schedule
 
 COST = StepCost.for_hardware("H100", "llama-3.1-8b")
 PRIORS = {"eagle3": AcceptanceCurve(0.775, 0.973), "ngram": AcceptanceCurve(0.2853, 1.0)}

@@ -1,0 +1,1 @@
+"""The SpecDeployment API: its names, its typed spec, decoding and defaults."""

@@ -1,0 +1,1 @@
+"""The application: the `specpilot` command line, the demo and the bench commands."""

@@ -1,0 +1,81 @@
+"""`specpilot operator`: the Kubernetes operator (kopf) with peering for HA and probes.
+
+Contract: runs kopf with the handlers of `specpilot.operator.kube.handlers`, cluster-wide or in
+the given namespaces. HA: run 2 replicas with the same `--peering` name; each takes a random
+priority at start (or `--priority`), so exactly one is active and the other pauses until the
+active one's keep-alive stops (kopf peering; the peering object is created when missing).
+`--standalone` turns peering off (one replica). Liveness/readiness: kopf's probe endpoint
+(`--liveness URL`, or /healthz on `--liveness-port`, 0 for none; it answers once the
+operator runs).
+The operator's own Prometheus metrics are on `--metrics-port` (0 disables).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import random
+
+from specpilot.tuner import ConfigError
+
+PRIORITY_RANGE = 1_000_000
+"""Random priorities from a range this wide make a tie between two replicas negligible."""
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser("operator", help="run the Kubernetes operator (kopf, with peering)")
+    parser.add_argument(
+        "--namespace", action="append", default=[], help="watch only this namespace (repeatable)"
+    )
+    parser.add_argument("--peering", default="specpilot", help="kopf peering object name")
+    parser.add_argument("--standalone", action="store_true", help="no peering (one replica)")
+    parser.add_argument("--priority", type=int, help="peering priority (default: random)")
+    parser.add_argument(
+        "--all-namespaces", action="store_true", help="watch every namespace (the default)"
+    )
+    parser.add_argument(
+        "--liveness-port", type=int, default=8080, help="probe port (0: no probe endpoint)"
+    )
+    parser.add_argument(
+        "--liveness", help="probe endpoint URL (default http://0.0.0.0:<liveness-port>/healthz)"
+    )
+    parser.add_argument(
+        "--metrics-port", type=int, default=9090, help="operator metrics port (0: none)"
+    )
+    parser.add_argument("--kubeconfig", help="default: in-cluster, else $KUBECONFIG")
+    parser.add_argument("--verbose", action="store_true")
+    parser.set_defaults(run=run)
+
+
+def run(ns: argparse.Namespace) -> int:
+    import kopf
+
+    from specpilot.operator.kube import handlers  # noqa: F401 - registers the handlers
+
+    if ns.kubeconfig:  # kopf's own login reads the environment, like the kubernetes client
+        os.environ["KUBECONFIG"] = ns.kubeconfig
+    kopf.configure(verbose=ns.verbose)
+    namespaces: list[str] = ns.namespace
+    if namespaces and ns.all_namespaces:
+        raise ConfigError("--all-namespaces", True, "either it or --namespace, not both")
+    priority = ns.priority if ns.priority is not None else random.randrange(PRIORITY_RANGE)
+    memo = kopf.Memo(
+        metrics_port=ns.metrics_port,
+        kubeconfig=ns.kubeconfig,
+        namespace=namespaces[0] if len(namespaces) == 1 else None,
+    )
+    with contextlib.suppress(KeyboardInterrupt, asyncio.CancelledError):
+        kopf.run(
+            clusterwide=not namespaces,
+            namespaces=namespaces,
+            standalone=ns.standalone,
+            priority=priority,
+            peering_name=None if ns.standalone else ns.peering,
+            # kopf reads port 0 in a URL as HTTP's 80: no port means no endpoint here
+            liveness_endpoint=ns.liveness
+            or (f"http://0.0.0.0:{ns.liveness_port}/healthz" if ns.liveness_port else None),
+            memo=memo,
+        )
+    return 0

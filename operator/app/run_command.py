@@ -1,0 +1,188 @@
+"""`specpilot run`: the control loop against one local engine (the emulator or a real vLLM)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import cast
+
+from specpilot.operator.loop import ControlLoop, TickRecord
+from specpilot.runtime.emulator.acceptance import acceptance_curve
+from specpilot.runtime.engines import LaunchSettings, get_adapter
+from specpilot.runtime.local_engine import LocalEngine
+from specpilot.tuner import (
+    DRAFT_WEIGHT_METHODS,
+    AcceptanceCurve,
+    ConfigError,
+    SpecConfig,
+    SpecMethod,
+    StepCost,
+    StepTimeModel,
+    TunerSettings,
+    TunerState,
+)
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser("run", help="tune one local engine: observe, decide, restart")
+    parser.add_argument("--engine", default="vllm", choices=["vllm", "sglang"])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--served-model-name")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument(
+        "--candidate",
+        action="append",
+        default=[],
+        help="METHOD:K1,K2,... (repeatable); speculation off is always allowed",
+    )
+    parser.add_argument("--draft-model", action="append", default=[], help="METHOD=PATH")
+    parser.add_argument("--initial", default="none", help="none or METHOD:K")
+    parser.add_argument("--emulate", action="store_true", help="run the emulator, not an engine")
+    parser.add_argument("--python", default=sys.executable, help="interpreter of a real engine")
+    parser.add_argument("--gpu", default="H100", help="the physics prior (and the emulator)")
+    parser.add_argument("--model-profile", default="llama-3.1-8b")
+    parser.add_argument("--task", default="chat", help="acceptance prior per method")
+    parser.add_argument("--window", type=float, default=10.0, help="seconds per observation")
+    parser.add_argument("--ticks", type=int, default=0, help="stop after N ticks (0: never)")
+    parser.add_argument("--min-dwell", type=float, default=300.0)
+    parser.add_argument("--restart-budget", type=int, default=4, help="restarts per hour")
+    parser.add_argument("--restart-downtime", type=float, default=60.0)
+    parser.add_argument("--slo-tpot-p95-ms", type=float)
+    parser.add_argument(
+        "--step-time-fit",
+        metavar="FILE",
+        help="JSON step-time fit (fixed_s, per_token_s, per_kv_token_s, as `specpilot probe "
+        "--json` writes) for the tuner instead of the --gpu roofline, e.g. on a CPU",
+    )
+    parser.add_argument("extra_args", nargs=argparse.REMAINDER, help="after --: engine flags")
+    parser.set_defaults(run=run)
+
+
+def _candidates(ns: argparse.Namespace) -> tuple[SpecConfig, ...]:
+    drafts = dict(item.split("=", 1) for item in ns.draft_model if "=" in item)
+    configs = [SpecConfig()]
+    for item in ns.candidate:
+        method, _, ks = item.partition(":")
+        if not ks:
+            raise ConfigError("--candidate", item, "METHOD:K1,K2 such as eagle3:1,3,5")
+        draft = drafts.get(method)
+        if draft is None and method in DRAFT_WEIGHT_METHODS and method != "mtp":
+            draft = f"emulated-{method}-draft" if ns.emulate else None
+        for k in ks.split(","):
+            if not k.strip().isdigit():
+                raise ConfigError("--candidate", item, "METHOD:K1,K2 with integer Ks")
+            configs.append(
+                SpecConfig(
+                    method=cast(SpecMethod, method),
+                    num_speculative_tokens=int(k),
+                    draft_model=draft,
+                )
+            )
+    adapter = get_adapter(ns.engine)
+    for config in configs:
+        adapter.check(config)
+    return tuple(configs)
+
+
+def run(ns: argparse.Namespace) -> int:
+    candidates = _candidates(ns)
+    initial = SpecConfig()
+    if ns.initial != "none":
+        method, _, k = ns.initial.partition(":")
+        matches = [c for c in candidates if c.method == method and str(c.max_k) == k]
+        if not matches:
+            raise ConfigError("--initial", ns.initial, "none or one of the --candidate configs")
+        initial = matches[0]
+    extra = tuple(ns.extra_args[1:] if ns.extra_args[:1] == ["--"] else ns.extra_args)
+    launch = LaunchSettings(
+        model=ns.model,
+        served_model_name=ns.served_model_name,
+        host=ns.host,
+        port=ns.port,
+        extra_args=extra,
+        sidecar_dir=f"/tmp/specpilot-{ns.port}",
+    )
+    if ns.emulate:
+        program = [
+            sys.executable,
+            "-m",
+            "specpilot.operator.app.cli",
+            "emulate",
+            "--engine",
+            ns.engine,
+            "--gpu",
+            ns.gpu,
+            "--model-profile",
+            ns.model_profile,
+            "--load-delay",
+            "1",
+            "--task",
+            ns.task,
+        ]
+    else:
+        program = get_adapter(ns.engine).program(ns.python)
+    priors: dict[str, AcceptanceCurve] = {
+        c.method: acceptance_curve(c.method, ns.task) for c in candidates if c.speculative
+    }
+    slo = ns.slo_tpot_p95_ms / 1e3 if ns.slo_tpot_p95_ms else None
+    cost = _step_cost(ns)
+    settings = TunerSettings(
+        candidates=candidates,
+        min_dwell_s=ns.min_dwell,
+        restart_budget_per_hour=ns.restart_budget,
+        restart_downtime_s=ns.restart_downtime,
+        slo_tpot_p95_s=slo,
+        # a catalog GPU's KV capacity is known; a measured fit (e.g. a CPU) says nothing of it
+        kv_capacity_tokens=cost.kv_capacity_tokens() if ns.step_time_fit is None else None,
+    )
+    engine = LocalEngine(engine=ns.engine, program=program, launch=launch)
+    loop = ControlLoop(
+        actuator=engine,
+        settings=settings,
+        cost=cost,
+        state=TunerState.initial(initial, time.time(), priors),
+        window_s=ns.window,
+        on_tick=_print_tick,
+    )
+    try:
+        loop.start()
+        tick = 0
+        while ns.ticks == 0 or tick < ns.ticks:
+            loop.tick(time.time())
+            tick += 1
+    finally:
+        engine.stop()
+    return 0
+
+
+def _step_cost(ns: argparse.Namespace) -> StepCost:
+    if ns.step_time_fit is None:
+        return StepCost.for_hardware(ns.gpu, ns.model_profile)
+    path = Path(ns.step_time_fit)
+    model = StepTimeModel.from_fit_json(json.loads(path.read_text()), source=f"fit {path}")
+    return StepCost.from_fit(model, ns.gpu, ns.model_profile)
+
+
+def _print_tick(record: TickRecord) -> None:
+    obs = record.observation
+    print(
+        json.dumps(
+            {
+                "t": round(record.now, 1),
+                "action": record.decision.action,
+                "config": record.decision.config.describe(),
+                "regime": record.decision.regime,
+                "batch": obs.running_requests,
+                "acceptance_length": obs.acceptance_length,
+                "tokens_per_s": obs.generation_tokens_per_s,
+                "applied": record.applied,
+                "error": record.error,
+                "reason": record.decision.reason,
+            }
+        ),
+        flush=True,
+    )

@@ -1,0 +1,99 @@
+"""`specpilot simulate`: the emulator's fast mode over a sweep of load, as one JSON object."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any, cast
+
+from specpilot.runtime.emulator.fast_sweep import TASK_SHAPES, simulate
+from specpilot.runtime.engines import get_adapter
+from specpilot.tuner import (
+    DRAFT_WEIGHT_METHODS,
+    GPUS,
+    PROFILES,
+    ConfigError,
+    SpecConfig,
+    SpecMethod,
+    StepCost,
+)
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser(
+        "simulate", help="emulated throughput of a config against no speculation"
+    )
+    parser.add_argument("--gpu", default="H100", help=" | ".join(GPUS))
+    parser.add_argument("--model-profile", default="llama-3.1-8b", help=" | ".join(PROFILES))
+    parser.add_argument("--engine", default="vllm", choices=["vllm", "sglang"])
+    parser.add_argument("--method", required=True)
+    parser.add_argument("--k", type=int, default=3, help="num_speculative_tokens")
+    parser.add_argument("--draft-model", help="draft name (emulated; no weights are read)")
+    parser.add_argument("--task", default="chat", help=" | ".join(TASK_SHAPES))
+    parser.add_argument("--concurrency", help="closed loop, comma-separated, e.g. 1,8,32")
+    parser.add_argument("--rps", help="open loop Poisson arrivals, comma-separated")
+    parser.add_argument("--duration", type=float, default=120.0, help="simulated seconds")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true", help="compact JSON on one line")
+    parser.set_defaults(run=run)
+
+
+def _numbers(flag: str, text: str, cast_to: type[int] | type[float]) -> list[Any]:
+    try:
+        values = [cast_to(part) for part in text.split(",") if part.strip()]
+    except ValueError as exc:
+        raise ConfigError(flag, text, "comma-separated positive numbers") from exc
+    if not values or any(v <= 0 for v in values):
+        raise ConfigError(flag, text, "comma-separated positive numbers")
+    return values
+
+
+def run(ns: argparse.Namespace) -> int:
+    draft = ns.draft_model
+    if draft is None and ns.method in DRAFT_WEIGHT_METHODS and ns.method != "mtp":
+        draft = f"emulated-{ns.method}-draft"
+    if ns.method == "none":
+        config = SpecConfig()
+    else:
+        config = SpecConfig(
+            method=cast(SpecMethod, ns.method), num_speculative_tokens=ns.k, draft_model=draft
+        )
+    get_adapter(ns.engine).check(config)
+    perf = StepCost.for_hardware(ns.gpu, ns.model_profile)
+    if (ns.concurrency is None) == (ns.rps is None):
+        raise ConfigError("--concurrency/--rps", None, "exactly one of them")
+    loads: list[tuple[str, Any]] = (
+        [("concurrency", c) for c in _numbers("--concurrency", ns.concurrency, int)]
+        if ns.concurrency
+        else [("rps", r) for r in _numbers("--rps", ns.rps, float)]
+    )
+    points = []
+    for kind, value in loads:
+        common = {"performance": perf, "task": ns.task, "duration_s": ns.duration, "seed": ns.seed}
+        spec = simulate(config=config, **common, **{kind: value})
+        base = simulate(config=SpecConfig(), **common, **{kind: value})
+        points.append(
+            {
+                kind: value,
+                "spec_tok_s": round(spec.tokens_per_s, 2),
+                "base_tok_s": round(base.tokens_per_s, 2),
+                "speedup": round(spec.tokens_per_s / base.tokens_per_s, 4)
+                if base.tokens_per_s
+                else None,
+                "acceptance_length": spec.acceptance_length and round(spec.acceptance_length, 4),
+                "tpot_ms_p50": spec.tpot_ms_p50 and round(spec.tpot_ms_p50, 3),
+                "base_tpot_ms_p50": base.tpot_ms_p50 and round(base.tpot_ms_p50, 3),
+                "mean_decode_batch": round(spec.mean_decode_batch, 2),
+            }
+        )
+    report = {
+        "gpu": perf.gpu.name,
+        "model_profile": perf.profile.name,
+        "engine": ns.engine,
+        "config": config.to_dict(),
+        "task": ns.task,
+        "step_time_model": perf.step_model.source,
+        "points": points,
+    }
+    print(json.dumps(report, separators=(",", ":")) if ns.json else json.dumps(report, indent=2))
+    return 0

@@ -1,0 +1,2 @@
+"""The Kubernetes side: kopf handlers, the tuning daemon, the actuator, reconcile, children,
+rollouts, the API client and status writes."""

@@ -1,0 +1,319 @@
+"""Kubernetes actuator: the control loop's `Actuator` for one SpecDeployment's Deployment.
+
+Contract (operator/loop.py `Actuator`, plus what rollouts need):
+- `apply(config)` renders the Deployment for `config` (engine args from the adapter and the
+  `specpilot.io/config` annotation, via `render`, normally children.desired_deployment),
+  replaces the live Deployment's pod template with it (a JSON patch of `spec.template` only:
+  replicas belong to the user or an autoscaler) and follows the rollout until every replica
+  runs the new template and is available (operator/kube/rollout.py). A new pod that crash-loops or
+  exits, or a rollout not done within `rollout_timeout_s`, raises `RolloutError` naming the
+  pod and the engine's last words. It does NOT put the old template back itself: the loop
+  catches the error, re-applies the previous config (which is this same call, so the rollback
+  is followed the same way), marks the config failed and backs off. A missing Deployment is
+  created. Applying the config that already runs is a cheap no-op (no patch, one status read).
+- With `canary` on and at least 2 main replicas, a new config first runs as a 1-replica
+  `<name>-canary` Deployment (role "canary", same Service). Once Ready, the canary pods and
+  the main pods are observed over `canary_window_s` and compared per pod by per-sequence
+  speed (tokens/s over running requests: the Service spreads requests evenly, so every pod
+  generates about the same tokens/s whatever its speed, and speed shows in how long each
+  request stays). The canary is promoted (main template patched and followed, canary
+  deleted) unless it is slower than the main pods by more than `canary_tolerance`; then it is
+  deleted and `CanaryRejected` raised (the loop backs off).
+- `observe(window_s)` reads the Ready main pods' engine metrics over the window through a
+  `MetricsSource` (direct scrape of pod IP:port/metrics, or PromQL) and returns one
+  Observation (runtime/metrics.observe); `last_canary` keeps the last per-pod comparison.
+Clock and sleep are injected (`clock`, `sleep`), so tests drive rollouts without real time.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from specpilot.operator.api.spec import SpecDeploymentSpec
+from specpilot.operator.kube.children import (
+    CONFIG_ANNOTATION,
+    Role,
+    desired_config_map,
+    desired_deployment,
+)
+from specpilot.operator.kube.deployment_api import KubeApi
+from specpilot.operator.kube.pod_metrics import MetricsSource, PodTarget, pod_target
+from specpilot.operator.kube.rollout import rollout_status
+from specpilot.runtime.engine_metrics import observe, observe_per_pod
+from specpilot.tuner import Observation, SpecConfig
+
+Renderer = Callable[[SpecConfig, Role], dict[str, Any]]
+"""(config, role) -> the Deployment manifest for that role."""
+SidecarRenderer = Callable[[SpecConfig, Role], dict[str, Any] | None]
+"""(config, role) -> the ConfigMap the Deployment mounts (SGLang's adaptive file), or None."""
+Notify = Callable[[str, str], None]
+"""(reason, message): one Kubernetes Event's worth, e.g. ("RolloutFailed", "...")."""
+
+
+class RolloutError(RuntimeError):
+    """The new pods did not become Ready: crash, image, timeout or progress deadline."""
+
+
+class CanaryRejected(RuntimeError):
+    """The canary ran but was slower per pod than the main pods beyond the tolerance."""
+
+
+@dataclass(frozen=True, slots=True)
+class CanaryResult:
+    config: SpecConfig
+    canary_speed: float | None
+    """Tokens/s per running request on the canary pods over the comparison window."""
+    main_speed: float | None
+    """The same on the main pods over the same window."""
+    promoted: bool
+    reason: str
+
+
+@dataclass(kw_only=True)
+class KubeActuator:
+    api: KubeApi
+    name: str
+    namespace: str
+    engine: str
+    render: Renderer
+    metrics: MetricsSource
+    render_sidecar: SidecarRenderer | None = None
+    rollout_timeout_s: float = 900.0
+    poll_s: float = 2.0
+    canary: bool = False
+    canary_window_s: float = 60.0
+    canary_tolerance: float = 0.05
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+    notify: Notify | None = None
+    config: SpecConfig | None = None
+    """The config the main Deployment runs: read from it on the first `apply`, then the last
+    successfully applied one."""
+    last_canary: CanaryResult | None = None
+    rollouts: int = 0
+    """Template patches made (a rollback counts as one)."""
+
+    @property
+    def canary_name(self) -> str:
+        return f"{self.name}-canary"
+
+    def apply(self, config: SpecConfig) -> None:
+        main = self.render(config, "main")
+        live = self.api.read_deployment(self.namespace, self.name)
+        if self.config is None and live is not None:
+            self.config = _live_config(live)  # what ran before this actuator changed anything
+        changes = live is None or not _same_template(live, main)
+        # Going back to the config that ran (a rollback) needs no canary: it was serving.
+        canary = changes and self.canary and config != self.config
+        try:
+            if canary and live is not None and _replicas(live) >= 2:
+                self._try_canary(config)
+            self._roll(self.name, "main", main, live, config)
+        finally:
+            self.api.delete_deployment(self.namespace, self.canary_name)  # promoted or failed
+        self.config = config
+
+    def observe(self, window_s: float) -> Observation:
+        targets = self._targets(self._selector(self.render(self._running(), "main")))
+        stats = self.metrics.window(self.engine, targets, window_s)
+        return observe(self.engine, stats)
+
+    def _running(self) -> SpecConfig:
+        if self.config is not None:
+            return self.config
+        live = self.api.read_deployment(self.namespace, self.name)
+        # Only the selector is needed from the render; any config gives the same labels.
+        return (_live_config(live) if live else None) or SpecConfig()
+
+    def _roll(
+        self,
+        name: str,
+        role: Role,
+        desired: dict[str, Any],
+        live: Mapping[str, Any] | None,
+        config: SpecConfig,
+    ) -> None:
+        sidecar = self.render_sidecar(config, role) if self.render_sidecar else None
+        if sidecar is not None:  # before the template that mounts it
+            self.api.ensure_config_map(self.namespace, sidecar)
+        if live is None:
+            self.api.create_deployment(self.namespace, desired)
+            self.rollouts += 1
+        elif not _same_template(live, desired):
+            self.api.replace_template(self.namespace, name, _template(desired))
+            self.rollouts += 1
+            self._notify("RolloutStarted", f"{name}: rolling out {config.describe()}")
+        self._follow(name, desired, config)
+
+    def _follow(self, name: str, desired: Mapping[str, Any], config: SpecConfig) -> None:
+        config_json = _annotation(desired)
+        selector = self._selector(desired)
+        deadline = self.clock() + self.rollout_timeout_s
+        while True:
+            deployment = self.api.read_deployment(self.namespace, name)
+            if deployment is None:
+                raise RolloutError(f"Deployment {self.namespace}/{name} disappeared mid-rollout")
+            pods = self.api.list_pods(self.namespace, selector)
+            status = rollout_status(deployment, pods, config_json)
+            if status.done:
+                return
+            if status.failed or self.clock() >= deadline:
+                message = (
+                    f"{name}: {config.describe()} failed to roll out: {status.message}"
+                    if status.failed
+                    else f"{name}: {config.describe()} not Ready within "
+                    f"{self.rollout_timeout_s:.0f}s: {status.message}"
+                )
+                self._notify("RolloutFailed", message)
+                raise RolloutError(message)
+            self.sleep(self.poll_s)
+
+    def _try_canary(self, config: SpecConfig) -> None:
+        desired = self.render(config, "canary")
+        live = self.api.read_deployment(self.namespace, self.canary_name)
+        self._roll(self.canary_name, "canary", desired, live, config)  # apply() deletes it after
+        result = self._compare(config, desired)
+        self.last_canary = result
+        self._notify("CanaryPromoted" if result.promoted else "CanaryRejected", result.reason)
+        if not result.promoted:
+            raise CanaryRejected(result.reason)
+
+    def _compare(self, config: SpecConfig, canary: Mapping[str, Any]) -> CanaryResult:
+        main_targets = self._targets(self._selector(self.render(self._running(), "main")))
+        canary_targets = self._targets(self._selector(canary))
+        stats = self.metrics.window(
+            self.engine, [*main_targets, *canary_targets], self.canary_window_s
+        )
+        per_pod = observe_per_pod(self.engine, stats)
+        canary_names = {t.name for t in canary_targets}
+        canary_speed = _sequence_speed(per_pod, canary_names)
+        main_speed = _sequence_speed(per_pod, set(per_pod) - canary_names)
+        if canary_speed is None or main_speed is None:
+            return CanaryResult(
+                config, canary_speed, main_speed, False,
+                f"canary {config.describe()}: no load to compare (canary {canary_speed}, "
+                f"main {main_speed} tok/s per sequence); not promoted",
+            )  # fmt: skip
+        promoted = canary_speed >= main_speed * (1.0 - self.canary_tolerance)
+        verdict = "promoted" if promoted else "rejected"
+        reason = (
+            f"canary {config.describe()} {verdict}: {canary_speed:.1f} tok/s per sequence vs "
+            f"{main_speed:.1f} on the main pods ({canary_speed / main_speed - 1:+.1%}, "
+            f"tolerance {self.canary_tolerance:.0%})"
+        )
+        return CanaryResult(config, canary_speed, main_speed, promoted, reason)
+
+    def _targets(self, selector: Mapping[str, str]) -> list[PodTarget]:
+        found = (pod_target(pod) for pod in self.api.list_pods(self.namespace, selector))
+        return [t for t in found if t is not None]
+
+    @staticmethod
+    def _selector(deployment: Mapping[str, Any]) -> dict[str, str]:
+        labels: dict[str, str] = deployment["spec"]["selector"]["matchLabels"]
+        return labels
+
+    def _notify(self, reason: str, message: str) -> None:
+        if self.notify is not None:
+            self.notify(reason, message)
+
+
+def _template(deployment: Mapping[str, Any]) -> dict[str, Any]:
+    template: dict[str, Any] = (deployment.get("spec") or {}).get("template") or {}
+    return template
+
+
+def _annotation(deployment: Mapping[str, Any]) -> str:
+    annotations = _template(deployment).get("metadata", {}).get("annotations") or {}
+    return str(annotations.get(CONFIG_ANNOTATION, "null"))
+
+
+def _live_config(deployment: Mapping[str, Any]) -> SpecConfig | None:
+    try:
+        return SpecConfig.from_json(_annotation(deployment))
+    except ValueError:  # no annotation ("null") or a broken one
+        return None
+
+
+def _replicas(deployment: Mapping[str, Any]) -> int:
+    return int((deployment.get("spec") or {}).get("replicas", 1))
+
+
+def _same_template(live: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
+    """Whether the live template already runs what `desired` would: same config annotation and
+    the same containers' images, commands and args (fields a server defaults are ignored)."""
+
+    def essence(deployment: Mapping[str, Any]) -> tuple[Any, ...]:
+        containers = _template(deployment).get("spec", {}).get("containers") or []
+        return (
+            json.loads(_annotation(deployment)),
+            [(c.get("name"), c.get("image"), c.get("command"), c.get("args")) for c in containers],
+        )
+
+    return essence(live) == essence(desired)
+
+
+def _sequence_speed(per_pod: Mapping[str, Observation], names: set[str]) -> float | None:
+    """Tokens/s per running request over these pods (None without load)."""
+    tokens = running = 0.0
+    for pod, o in per_pod.items():
+        if pod in names and o.generation_tokens_per_s and o.running_requests:
+            tokens += o.generation_tokens_per_s
+            running += o.running_requests
+    return tokens / running if running > 0 else None
+
+
+def for_spec(
+    *,
+    api: KubeApi,
+    name: str,
+    namespace: str,
+    spec: SpecDeploymentSpec,
+    metrics: MetricsSource,
+    owner: Mapping[str, Any] | None = None,
+    **options: Any,
+) -> KubeActuator:
+    """The actuator for one SpecDeployment, rendering with children.py; `options` are
+    KubeActuator's (clock, sleep, notify, poll_s, canary_window_s, ...); the rollout timeout
+    and canary switch come from the spec unless given. With `owner` (the SpecDeployment), what
+    the actuator creates (a canary, a sidecar ConfigMap, a missing Deployment) carries a
+    controller ownerReference, so it goes with the object even if the operator dies mid-way."""
+
+    def adopt(child: dict[str, Any]) -> dict[str, Any]:
+        if owner is not None:
+            meta = owner["metadata"]
+            child["metadata"]["ownerReferences"] = [
+                {
+                    "apiVersion": owner["apiVersion"], "kind": owner["kind"],
+                    "name": meta["name"], "uid": meta["uid"],
+                    "controller": True, "blockOwnerDeletion": True,
+                }
+            ]  # fmt: skip
+        return child
+
+    def render(config: SpecConfig, role: Role) -> dict[str, Any]:
+        return adopt(
+            desired_deployment(name=name, namespace=namespace, spec=spec, config=config, role=role)
+        )
+
+    def render_sidecar(config: SpecConfig, role: Role) -> dict[str, Any] | None:
+        found = desired_config_map(
+            name=name, namespace=namespace, spec=spec, config=config, role=role
+        )
+        return None if found is None else adopt(found)
+
+    options.setdefault("rollout_timeout_s", float(spec.tuning.rollout_timeout_s))
+    options.setdefault("canary", spec.tuning.canary)
+    return KubeActuator(
+        api=api,
+        name=name,
+        namespace=namespace,
+        engine=spec.engine,
+        render=render,
+        render_sidecar=render_sidecar,
+        metrics=metrics,
+        **options,
+    )

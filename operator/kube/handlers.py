@@ -1,0 +1,125 @@
+"""kopf registration for SpecDeployments: thin handlers over plain functions. Nothing else.
+
+Contract: importing this module registers, in kopf's default registry,
+- startup: kopf settings (progress and diff-base in `specpilot.io/` annotations, since the
+  CRD's structural status would prune kopf's own status fields; only warnings become kopf's
+  Events), the peering object for HA created when missing, the metrics endpoint;
+- create / update / resume: `reconcile.reconcile` under the object's lock; an invalid spec is
+  a `kopf.PermanentError` (status already says Degraded), a lost write race or an API failure
+  a `kopf.TemporaryError` (retried);
+- a daemon per object beating every `BEAT_S`: reconcile again (drift repair, status from the
+  live Deployment), then `tuning.tune`, which runs a tick only every
+  spec.tuning.intervalSeconds. A daemon rather than a timer because kopf hands daemons a stop
+  flag: every wait inside a tick goes through it, so operator exit, a peering pause and the
+  object's deletion interrupt a tick instead of waiting out a window or a rollout;
+- delete (optional: no finalizer, so deleting never waits for the operator): the children go
+  with the object through their ownerReferences; only in-memory caches and metrics are dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kopf
+
+from specpilot.operator.api.spec import SpecError
+from specpilot.operator.kube import exported_metrics, tuning_daemon
+from specpilot.operator.kube.client import KubeConflict, KubeRest
+from specpilot.operator.kube.deployment_api import KubeApiError
+from specpilot.operator.kube.reconcile import reconcile
+
+GROUP, VERSION, PLURAL = "specpilot.io", "v1alpha1", "specdeployments"
+BEAT_S = 5.0
+"""The daemon's beat; equal to the smallest allowed spec.tuning.intervalSeconds."""
+
+
+def _rest(memo: Any) -> KubeRest:
+    rest: KubeRest = memo.rest
+    return rest
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="specpilot.io")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="specpilot.io", key="last-handled-configuration"
+    )
+    # kopf's finalizer (its timers need one), named for this operator.
+    settings.persistence.finalizer = "specpilot.io/finalizer"
+    settings.posting.level = logging.WARNING
+    settings.execution.max_workers = max(settings.execution.max_workers or 0, 16)
+    memo.rest = KubeRest.from_config(getattr(memo, "kubeconfig", None))
+    if not settings.peering.standalone and settings.peering.mandatory:
+        ensure_peering(memo.rest, settings.peering.name, getattr(memo, "namespace", None))
+    exported_metrics.serve(int(getattr(memo, "metrics_port", 0) or 0))
+
+
+def ensure_peering(rest: KubeRest, name: str, namespace: str | None) -> None:
+    """kopf pauses a mandatory peering until its object exists; it never creates one."""
+    plural = "kopfpeerings" if namespace else "clusterkopfpeerings"
+    kind = "KopfPeering" if namespace else "ClusterKopfPeering"
+    if rest.get("kopf.dev/v1", plural, namespace, name) is None:
+        meta = {"name": name, **({"namespace": namespace} if namespace else {})}
+        try:
+            rest.create({"apiVersion": "kopf.dev/v1", "kind": kind, "metadata": meta})
+        except KubeConflict:
+            pass  # the other replica created it first
+        except KubeApiError as exc:  # e.g. no RBAC to create it: the Helm chart does instead
+            logging.getLogger(__name__).warning(f"cannot create peering {name!r}: {exc}")
+
+
+def _reconcile(body: kopf.Body, memo: kopf.Memo) -> None:
+    meta = body["metadata"]
+    with tuning_daemon.object_lock(meta["namespace"], meta["name"]):
+        try:
+            reconcile(_rest(memo), body)
+        except SpecError as exc:
+            raise kopf.PermanentError(str(exc)) from None
+        except KubeConflict as exc:
+            raise kopf.TemporaryError(f"the object changed meanwhile: {exc}", delay=1) from None
+        except KubeApiError as exc:
+            raise kopf.TemporaryError(str(exc), delay=10) from None
+
+
+@kopf.on.resume(GROUP, VERSION, PLURAL)
+@kopf.on.create(GROUP, VERSION, PLURAL)
+@kopf.on.update(GROUP, VERSION, PLURAL)
+def reconcile_spec(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    _reconcile(body, memo)
+
+
+class Stopping(Exception):
+    """kopf asked the daemon to stop (operator exit, peering pause, object deletion)."""
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, initial_delay=BEAT_S, cancellation_timeout=BEAT_S)
+def tune_forever(
+    stopped: kopf.DaemonStopped, body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any
+) -> None:
+    meta = body["metadata"]
+
+    def sleep(seconds: float) -> None:
+        if stopped.wait(seconds):
+            raise Stopping(str(stopped.reason))
+
+    while not stopped.is_set():
+        try:
+            _reconcile(body, memo)
+            with tuning_daemon.object_lock(meta["namespace"], meta["name"]):
+                outcome = tuning_daemon.tune(_rest(memo), body, sleep=sleep)
+            if outcome is not None:
+                logger.info(f"tuning: {outcome.action}: {outcome.reason}")
+        except Stopping:
+            return
+        except (kopf.PermanentError, kopf.TemporaryError, KubeApiError) as exc:
+            # Degraded is in status, or the API hiccuped: keep beating, the next beat retries.
+            logger.debug(f"beat skipped: {exc}")
+        stopped.wait(BEAT_S)
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
+def forget(meta: kopf.Meta, **_: Any) -> None:
+    namespace, name = str(meta["namespace"]), str(meta["name"])
+    tuning_daemon.forget(namespace, name)
+    exported_metrics.forget(namespace, name)

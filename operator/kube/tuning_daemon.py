@@ -1,0 +1,312 @@
+"""One tuning tick for one SpecDeployment: observe -> decide -> act, recommend, or stay pinned.
+
+Contract: `tune(rest, body, now=...)` runs at most one tick per `spec.tuning.intervalSeconds`
+per object (the kopf daemon calls it more often; it returns None when not due, when the spec is
+invalid, or when tuning is off: the config is pinned). A tick
+- restores the tuner state from status (state_store), observes the main pods over a window
+  (direct scrape with httpx, or PromQL against `tuning.metrics.prometheusUrl`),
+- mode auto: runs `ControlLoop.tick` with the Kubernetes actuator (operator/kube/actuator.py:
+  patch the pod template, follow the rollout, canary when asked; a failed rollout or a goodput
+  shortfall is rolled back by the loop and the config backed off, persisted as `failed`);
+  the intended config and phase Switching are written BEFORE the rollout, so a reconcile
+  running meanwhile renders the same template and never reverts a switch;
+- mode recommend: decides without acting; a different config goes to status.recommendation
+  and an Event, the running config and its restart history stay;
+- writes status.lastDecision, observed, regime, currentConfig, tunerState and the
+  MetricsAvailable condition, posts one Event per decision and records operator metrics.
+The actuator is built by `make_actuator` (injectable for tests); every wait inside a tick
+(the observation window, rollout polling) goes through `sleep`, which the operator makes
+raise when it stops, so a tick never holds a shutdown or a peering hand-over. The loops
+(their goodput check in flight) are an in-memory cache keyed by object; everything else is
+read back from status each tick, so a restarted or failed-over operator continues.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from specpilot.operator.api.spec import SpecDeploymentSpec, SpecError, config_to_status, decode_spec
+from specpilot.operator.kube import exported_metrics
+from specpilot.operator.kube.actuator import for_spec
+from specpilot.operator.kube.client import KubeRest, now_iso
+from specpilot.operator.kube.deployment_api import RestKubeApi
+from specpilot.operator.kube.persisted_state import dump_state, load_state
+from specpilot.operator.kube.pod_metrics import MetricsSource, PrometheusSource, ScrapeSource
+from specpilot.operator.kube.reconcile import (
+    API_VERSION,
+    PLURAL,
+    set_condition,
+    write_status,
+)
+from specpilot.operator.loop import Actuator, ControlLoop, TickRecord
+from specpilot.runtime.promql import PromQLReader
+from specpilot.tuner import (
+    Decision,
+    Observation,
+    SpecConfig,
+    StepCost,
+    TunerSettings,
+    TunerState,
+    decide,
+)
+
+logger = logging.getLogger(__name__)
+Obj = dict[str, Any]
+Sleep = Callable[[float], None]
+ActuatorFactory = Callable[[KubeRest, Obj, SpecDeploymentSpec, Sleep], Actuator]
+WINDOW_FRACTION = 0.8
+"""Share of the interval spent observing (the rest is deciding and writing)."""
+GOODPUT_TOLERANCE = 0.25
+"""A switch whose first window measures this much below its prediction is rolled back."""
+DEFAULT_PROFILE = "llama-3.1-8b"
+"""The prior's model profile when the spec names none (learning corrects the scale)."""
+
+_locks: dict[tuple[str, str], threading.Lock] = {}
+_locks_guard = threading.Lock()
+_loops: dict[tuple[str, str], ControlLoop] = {}
+_last_tick: dict[tuple[str, str], float] = {}
+
+
+def object_lock(namespace: str, name: str) -> threading.Lock:
+    """One lock per SpecDeployment, shared by reconcile and tuning in this process."""
+    with _locks_guard:
+        return _locks.setdefault((namespace, name), threading.Lock())
+
+
+def forget(namespace: str, name: str) -> None:
+    for cache in (_loops, _last_tick):
+        cache.pop((namespace, name), None)
+
+
+def settings_for(spec: SpecDeploymentSpec) -> TunerSettings:
+    # goodput counts only requests that meet the SLO; throughput counts every token
+    goodput = spec.tuning.objective == "goodput"
+    tpot, ttft = spec.tuning.slo_tpot_p95_ms, spec.tuning.slo_ttft_p95_ms
+    return TunerSettings(
+        candidates=spec.candidates,
+        min_dwell_s=float(spec.tuning.min_dwell_s),
+        restart_budget_per_hour=spec.tuning.restart_budget_per_hour,
+        slo_tpot_p95_s=tpot / 1e3 if goodput and tpot is not None else None,
+        slo_ttft_p95_s=ttft / 1e3 if goodput and ttft is not None else None,
+        window_s=float(spec.tuning.interval_s),
+        # the catalog GPU's KV capacity at vLLM's default memory utilisation: an estimate
+        kv_capacity_tokens=cost_for(spec).kv_capacity_tokens(),
+    )
+
+
+def cost_for(spec: SpecDeploymentSpec) -> StepCost:
+    return StepCost.for_hardware(spec.gpu.type, spec.gpu.model_profile or DEFAULT_PROFILE)
+
+
+def metrics_source(spec: SpecDeploymentSpec, namespace: str, sleep: Sleep) -> MetricsSource:
+    if spec.tuning.metrics_source == "prometheus" and spec.tuning.prometheus_url:
+        reader = PromQLReader(spec.tuning.prometheus_url, selector=f'namespace="{namespace}"')
+        return PrometheusSource(reader=reader, settle_s=5.0, sleep=sleep)
+    return ScrapeSource(sleep=sleep)
+
+
+def kube_actuator(rest: KubeRest, body: Obj, spec: SpecDeploymentSpec, sleep: Sleep) -> Actuator:
+    """The Kubernetes actuator (operator/kube/actuator.py) over this operator's REST client;
+    rollout Events go to the SpecDeployment; every wait goes through `sleep` (the kopf daemon's
+    stop flag interrupts it)."""
+    meta = body["metadata"]
+    return for_spec(
+        api=RestKubeApi(rest),
+        name=meta["name"],
+        namespace=meta["namespace"],
+        spec=spec,
+        metrics=metrics_source(spec, meta["namespace"], sleep),
+        sleep=sleep,
+        notify=lambda reason, message: post_event(rest, body, "Normal", reason, message),
+        owner=body,  # a canary or ConfigMap made mid-switch goes with the object
+    )
+
+
+def post_event(rest: KubeRest, body: Mapping[str, Any], type_: str, reason: str, text: str) -> None:
+    """An Event, best effort: one that cannot be posted is logged and must not fail (or roll
+    back) the switch it describes; status.lastDecision says the same."""
+    try:
+        rest.post_event(body, type_, reason, text)
+    except Exception as exc:  # any API failure: RBAC, a conflict, the server away
+        logger.warning("could not post Event %s on %s: %s", reason, body["metadata"]["name"], exc)
+
+
+class _Announcing:
+    """Wraps the actuator: before a rollout, persist the intended config and phase Switching
+    (or RollingBack), so a concurrent reconcile renders the same template."""
+
+    def __init__(self, inner: Actuator, on_apply: Callable[[SpecConfig], None]) -> None:
+        self._inner, self._on_apply = inner, on_apply
+
+    def apply(self, config: SpecConfig) -> None:
+        self._on_apply(config)
+        self._inner.apply(config)
+
+    def observe(self, window_s: float) -> Observation:
+        return self._inner.observe(window_s)
+
+
+@dataclass(frozen=True, slots=True)
+class TickOutcome:
+    action: str
+    reason: str
+    decision: Decision
+    applied: bool
+    status: Obj
+
+
+def tune(
+    rest: KubeRest,
+    body: Mapping[str, Any],
+    *,
+    now: float | None = None,
+    make_actuator: ActuatorFactory = kube_actuator,
+    sleep: Sleep = time.sleep,
+) -> TickOutcome | None:
+    now = time.time() if now is None else now
+    meta = body["metadata"]
+    name, namespace = meta["name"], meta["namespace"]
+    key = (namespace, name)
+    fresh = rest.get(API_VERSION, PLURAL, namespace, name)
+    if fresh is None:
+        return None
+    try:
+        spec = decode_spec(fresh.get("spec") or {})
+    except SpecError:
+        return None  # reconcile reports it (Degraded); nothing to tune
+    if spec.tuning.mode == "off" or now - _last_tick.get(key, 0.0) < spec.tuning.interval_s:
+        return None
+    _last_tick[key] = now
+    status: Obj = dict(fresh.get("status") or {})
+    state, failed = load_state(status, spec, now)
+    window = max(1.0, spec.tuning.interval_s * WINDOW_FRACTION)
+    actuator = make_actuator(rest, fresh, spec, sleep)
+
+    def announce(config: SpecConfig) -> None:
+        rolling_back = config == state.current or (loop is not None and loop.rolling_back)
+        phase = "RollingBack" if rolling_back else "Switching"
+        intended = replace(state, current=config)
+        write_status(rest, fresh, {**status, "phase": phase, "currentConfig": config_to_status(
+            config), "tunerState": dump_state(intended, failed)})  # fmt: skip
+
+    loop: ControlLoop | None = None
+    if spec.tuning.mode == "auto":
+        loop = _loops.get(key)
+        if loop is None or loop.state.to_json() != state.to_json():
+            loop = ControlLoop(
+                actuator=actuator, settings=settings_for(spec), cost=cost_for(spec),
+                state=state, window_s=window, goodput_tolerance=GOODPUT_TOLERANCE,
+                _failed=dict(failed),
+            )  # fmt: skip
+            _loops[key] = loop
+        loop.actuator = _Announcing(actuator, announce)
+        loop.settings, loop.window_s = settings_for(spec), window
+        record = loop.tick(now)
+        new_state, new_failed = loop.state, dict(loop._failed)
+        outcome = _auto_outcome(record)
+    else:
+        observation = actuator.observe(window)
+        decision, learned = decide(observation, state, settings_for(spec), cost_for(spec), now)
+        new_state = replace(
+            learned, current=state.current, since_s=state.since_s, restarts=state.restarts
+        )
+        new_failed = failed
+        action = "recommend" if decision.config != state.current else "stay"
+        record = TickRecord(now, observation, decision, applied=False)
+        outcome = (action, decision.reason, "Normal")
+    action, reason, event_type = outcome
+    status = _tick_status(status, spec, record, new_state, action, fresh)
+    status["tunerState"] = dump_state(new_state, new_failed)
+    latest = rest.get(API_VERSION, PLURAL, namespace, name) or fresh
+    write_status(rest, latest, {**(latest.get("status") or {}), **status})
+    post_event(rest, fresh, event_type, _EVENT_REASONS[action], reason)
+    obs = record.observation
+    exported_metrics.record_config(namespace, name, new_state.current)
+    exported_metrics.record_tick(
+        namespace, name, action=action, regime=record.decision.regime,
+        tokens_per_s=obs.generation_tokens_per_s, switched=record.applied and not
+        record.rolled_back, predicted_gain=record.decision.predicted_gain,
+    )  # fmt: skip
+    return TickOutcome(action, reason, record.decision, record.applied, status)
+
+
+_EVENT_REASONS = {
+    "stay": "TunerStayed",
+    "switch": "TunerSwitched",
+    "off": "TunerSpeculationOff",
+    "rollback": "TunerRolledBack",
+    "error": "TunerSwitchFailed",
+    "recommend": "TunerRecommends",
+}
+
+
+def _auto_outcome(record: TickRecord) -> tuple[str, str, str]:
+    if record.rolled_back:
+        return "rollback", record.decision.reason, "Warning"
+    if record.error is not None:
+        why = f"{record.decision.reason}; rolled back: {record.error}"
+        return "error", why, "Warning"
+    return record.decision.action, record.decision.reason, "Normal"
+
+
+def _tick_status(
+    status: Obj,
+    spec: SpecDeploymentSpec,
+    record: TickRecord,
+    state: TunerState,
+    action: str,
+    body: Mapping[str, Any],
+) -> Obj:
+    obs, decision = record.observation, record.decision
+    when = now_iso()
+    observed = {
+        key: round(value, 4)
+        for key, value in (
+            ("acceptanceLength", obs.acceptance_length),
+            ("batch", obs.running_requests),
+            ("tokensPerSecond", obs.generation_tokens_per_s),
+            ("tpotP95Ms", obs.tpot_p95_s * 1e3 if obs.tpot_p95_s is not None else None),
+            ("ttftP95Ms", obs.ttft_p95_s * 1e3 if obs.ttft_p95_s is not None else None),
+        )
+        if value is not None
+    }
+    has_data = obs.generation_tokens_per_s is not None
+    generation = body["metadata"].get("generation")
+    conditions = set_condition(
+        status.get("conditions", []), type_="MetricsAvailable", status=has_data,
+        reason="Observed" if has_data else "NoMetrics",
+        message=f"{len(obs.pods)} pod(s) observed" if has_data else
+        "no throughput in the window: " + ", ".join(obs.unknown),
+        generation=generation,
+    )  # fmt: skip
+    out: Obj = {
+        "observed": {**observed, "time": when},
+        "lastDecision": {
+            "action": action,
+            "reason": (record.error or decision.reason)[:1024],
+            "predictedGain": round(decision.predicted_gain, 4),
+            "config": decision.config.describe(),
+            "time": when,
+        },
+        "currentConfig": config_to_status(state.current),
+        "conditions": conditions,
+    }
+    if decision.regime in ("memory-bound", "transition", "compute-bound", "unknown"):
+        out["regime"] = decision.regime
+    if status.get("phase") in ("Switching", "RollingBack"):
+        out["phase"] = "Running"  # the rollout (or its rollback) finished inside the tick
+    if action != "recommend" and "recommendation" in status:
+        out["recommendation"] = None  # stale: a merge patch with null removes it
+    if action == "recommend":
+        out["recommendation"] = {
+            "config": config_to_status(decision.config),
+            "reason": decision.reason[:1024],
+            "predictedGain": round(decision.predicted_gain, 4),
+            "time": when,
+        }
+    return out

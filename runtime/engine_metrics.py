@@ -1,0 +1,219 @@
+"""From engine metrics to one `Observation` per time window, per pod and across pods.
+
+Contract: two readers (direct /metrics scraping in `specpilot.runtime.scrape`, PromQL in
+`specpilot.runtime.promql`) reduce their inputs to `WindowStats`: for one pod, the window's
+counter increases (counter resets already handled), gauge means and histogram bucket
+increases. `observe()` turns any set of `WindowStats` into an `Observation` with the same
+arithmetic whichever reader produced them. A quantity that cannot be computed (series missing,
+NaN, no drafts in the window) is `None` and listed in `Observation.unknown`: never an exception,
+never an invented number.
+
+Semantics (vLLM 0.32 and SGLang 0.5.23 sources, see REFERENCE.md):
+- vLLM acceptance length = 1 + d(accepted tokens) / d(drafts), the bonus token included;
+  acceptance rate = d(accepted) / d(draft tokens); per position = d(accepted at i) / d(drafts).
+- SGLang exposes acceptance only as windowed gauges; across pods they are weighted by each
+  pod's verify calls in the window.
+- Per-token latency comes from request_time_per_output_token on both engines (vLLM's
+  inter-token latency is per engine step, SGLang's per token: not comparable).
+- Load (running, waiting, KV usage) is per engine: the mean over pods of each pod's mean.
+  Throughput is the sum over pods.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from specpilot.tuner import ConfigError, Observation
+
+MetricKind = Literal["counter", "gauge", "histogram"]
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    key: str
+    """SpecPilot's name for the quantity."""
+    name: str
+    """Exposed series name (counters with their `_total`, histograms without `_bucket`)."""
+    kind: MetricKind
+    combine: Literal["sum", "mean"] = "sum"
+    """How one pod's label sets (e.g. vLLM's per-engine-core series) combine: counts add up,
+    ratios average."""
+
+
+ENGINE_METRICS: Mapping[str, tuple[MetricSpec, ...]] = {
+    "vllm": (
+        MetricSpec("accepted", "vllm:spec_decode_num_accepted_tokens_total", "counter"),
+        MetricSpec("drafts", "vllm:spec_decode_num_drafts_total", "counter"),
+        MetricSpec("draft_tokens", "vllm:spec_decode_num_draft_tokens_total", "counter"),
+        MetricSpec("generation_tokens", "vllm:generation_tokens_total", "counter"),
+        MetricSpec("prompt_tokens", "vllm:prompt_tokens_total", "counter"),
+        MetricSpec("running", "vllm:num_requests_running", "gauge"),
+        MetricSpec("waiting", "vllm:num_requests_waiting", "gauge"),
+        MetricSpec("kv_usage", "vllm:kv_cache_usage_perc", "gauge", "mean"),
+        MetricSpec("tpot", "vllm:request_time_per_output_token_seconds", "histogram"),
+        MetricSpec("ttft", "vllm:time_to_first_token_seconds", "histogram"),
+    ),
+    "sglang": (
+        MetricSpec("accept_length_gauge", "sglang:spec_accept_length", "gauge", "mean"),
+        MetricSpec("accept_rate_gauge", "sglang:spec_accept_rate", "gauge", "mean"),
+        MetricSpec("verify_calls", "sglang:spec_verify_calls_total", "counter"),
+        MetricSpec("generation_tokens", "sglang:generation_tokens_total", "counter"),
+        MetricSpec("prompt_tokens", "sglang:prompt_tokens_total", "counter"),
+        MetricSpec("running", "sglang:num_running_reqs", "gauge"),
+        MetricSpec("waiting", "sglang:num_queue_reqs", "gauge"),
+        MetricSpec("kv_usage", "sglang:token_usage", "gauge", "mean"),
+        MetricSpec("tpot", "sglang:request_time_per_output_token_seconds", "histogram"),
+        MetricSpec("ttft", "sglang:time_to_first_token_seconds", "histogram"),
+    ),
+}
+VLLM_PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+ENGINES: tuple[str, ...] = tuple(ENGINE_METRICS)
+
+
+def engine_metrics(engine: str) -> tuple[MetricSpec, ...]:
+    try:
+        return ENGINE_METRICS[engine]
+    except KeyError:
+        raise ConfigError("engine", engine, " | ".join(ENGINES)) from None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WindowStats:
+    """One pod's raw window: what every reader produces, before any ratio is taken."""
+
+    pod: str
+    window_s: float
+    counters: Mapping[str, float] = field(default_factory=dict)
+    """Key -> increase over the window (resets handled); absent when the series is missing."""
+    gauges: Mapping[str, float] = field(default_factory=dict)
+    """Key -> mean over the window."""
+    histograms: Mapping[str, Mapping[float, float]] = field(default_factory=dict)
+    """Key -> cumulative bucket upper bound (`le`, +inf included) -> increase."""
+    accepted_per_position: Mapping[int, float] = field(default_factory=dict)
+    counter_resets: int = 0
+
+
+def observe(engine: str, stats: Sequence[WindowStats]) -> Observation:
+    """Aggregate any number of pods' windows (one pod gives the per-pod view)."""
+    engine_metrics(engine)
+    window = max((s.window_s for s in stats), default=0.0)
+    length, rate, per_position = _acceptance(engine, stats)
+    tpot = _merged_buckets(stats, "tpot")
+    return Observation(
+        engine=engine,
+        window_s=window,
+        pods=tuple(s.pod for s in stats),
+        acceptance_length=length,
+        acceptance_rate=rate,
+        acceptance_per_position=per_position,
+        running_requests=_mean_gauge(stats, "running"),
+        waiting_requests=_mean_gauge(stats, "waiting"),
+        kv_cache_usage=_mean_gauge(stats, "kv_usage"),
+        generation_tokens_per_s=_rate(stats, "generation_tokens"),
+        tpot_p50_s=histogram_quantile(0.5, tpot),
+        tpot_p95_s=histogram_quantile(0.95, tpot),
+        ttft_p95_s=histogram_quantile(0.95, _merged_buckets(stats, "ttft")),
+        counter_resets=sum(s.counter_resets for s in stats),
+        prompt_tokens_per_s=_rate(stats, "prompt_tokens"),
+    )
+
+
+def observe_per_pod(engine: str, stats: Iterable[WindowStats]) -> dict[str, Observation]:
+    """One Observation per pod, for comparing pods that run different configs."""
+    return {s.pod: observe(engine, [s]) for s in stats}
+
+
+def _acceptance(
+    engine: str, stats: Sequence[WindowStats]
+) -> tuple[float | None, float | None, tuple[float, ...] | None]:
+    if engine == "vllm":
+        accepted = _sum_counter(stats, "accepted")
+        drafts = _sum_counter(stats, "drafts")
+        draft_tokens = _sum_counter(stats, "draft_tokens")
+        length = 1.0 + accepted / drafts if accepted is not None and drafts else None
+        rate = accepted / draft_tokens if accepted is not None and draft_tokens else None
+        positions: dict[int, float] = {}
+        for s in stats:
+            for position, value in s.accepted_per_position.items():
+                positions[position] = positions.get(position, 0.0) + value
+        per_position = None
+        if positions and drafts:
+            per_position = tuple(positions[p] / drafts for p in sorted(positions))
+        return length, rate, per_position
+    weights = [_verify_weight(s) for s in stats]
+    return (
+        _weighted_gauge(stats, weights, "accept_length_gauge"),
+        _weighted_gauge(stats, weights, "accept_rate_gauge"),
+        None,
+    )
+
+
+def _verify_weight(s: WindowStats) -> float:
+    calls = s.counters.get("verify_calls")
+    return calls if calls is not None and calls > 0 else 0.0
+
+
+def _weighted_gauge(
+    stats: Sequence[WindowStats], weights: Sequence[float], key: str
+) -> float | None:
+    # A zero gauge means the engine has not drafted in its window yet, not zero acceptance.
+    pairs = [(s.gauges[key], w) for s, w in zip(stats, weights, strict=True) if s.gauges.get(key)]
+    if not pairs:
+        return None
+    total_weight = sum(w for _, w in pairs)
+    if total_weight <= 0:
+        return sum(v for v, _ in pairs) / len(pairs)
+    return sum(v * w for v, w in pairs) / total_weight
+
+
+def _sum_counter(stats: Sequence[WindowStats], key: str) -> float | None:
+    values = [s.counters[key] for s in stats if key in s.counters]
+    return sum(values) if values else None
+
+
+def _rate(stats: Sequence[WindowStats], key: str) -> float | None:
+    values = [s.counters[key] / s.window_s for s in stats if key in s.counters and s.window_s > 0]
+    return sum(values) if values else None
+
+
+def _mean_gauge(stats: Sequence[WindowStats], key: str) -> float | None:
+    values = [s.gauges[key] for s in stats if key in s.gauges]
+    return sum(values) / len(values) if values else None
+
+
+def _merged_buckets(stats: Sequence[WindowStats], key: str) -> dict[float, float]:
+    merged: dict[float, float] = {}
+    for s in stats:
+        for bound, value in s.histograms.get(key, {}).items():
+            merged[bound] = merged.get(bound, 0.0) + value
+    return merged
+
+
+def histogram_quantile(q: float, buckets: Mapping[float, float]) -> float | None:
+    """Prometheus' histogram_quantile on cumulative bucket increases: linear interpolation
+    inside the bucket; the +Inf bucket answers with the highest finite bound."""
+    if not buckets or not 0.0 <= q <= 1.0:
+        return None
+    bounds = sorted(buckets)
+    if not math.isinf(bounds[-1]):
+        return None
+    total = buckets[bounds[-1]]
+    if not total or total <= 0 or math.isnan(total):
+        return None
+    rank = q * total
+    previous_bound, previous_count = 0.0, 0.0
+    for bound in bounds:
+        count = buckets[bound]
+        if count >= rank:
+            if math.isinf(bound):
+                return previous_bound if len(bounds) > 1 else None
+            if count == previous_count:
+                return bound
+            return previous_bound + (bound - previous_bound) * (
+                (rank - previous_count) / (count - previous_count)
+            )
+        previous_bound, previous_count = bound, count
+    return None

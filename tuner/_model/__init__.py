@@ -1,0 +1,2 @@
+"""The tuner's maths (private): acceptance chains, the roofline, step cost, the surrogate
+and schedule synthesis. Callers use the public face, `specpilot.tuner`."""
