@@ -74,7 +74,9 @@ $(TINY_MODELS)/.built: tests/contract/engine_side/build_tiny_model.py $(VLLM_VEN
 	touch $@
 
 # mypy cannot follow setuptools' editable finder through the package-dir mapping, so it reads
-# the three folders through a tree of links named as the installed package.
+# the three folders through a tree of links named as the installed package; lint-imports
+# (the house's import contracts, [tool.importlinter] in pyproject.toml) reads the same tree,
+# whatever way the package was installed, and keeps its cache there.
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -82,6 +84,7 @@ lint: $(VENV)/.installed
 	for folder in tuner runtime operator; do ln -sfn $(CURDIR)/$$folder $(TYPECHECK)/specpilot/$$folder; done
 	cd $(TYPECHECK) && MYPYPATH=. $(CURDIR)/$(VENV)/bin/mypy --config-file $(CURDIR)/pyproject.toml \
 		-p specpilot.tuner -p specpilot.runtime -p specpilot.operator
+	cd $(TYPECHECK) && PYTHONPATH=. $(CURDIR)/$(VENV)/bin/lint-imports $(CURDIR)/pyproject.toml
 
 clean:
 	rm -rf $(VENV) .venvs .tools .cache

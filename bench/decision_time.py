@@ -12,7 +12,6 @@ import statistics
 import time
 from pathlib import Path
 
-from specpilot.runtime.emulator.acceptance import acceptance_curve
 from specpilot.tuner import (
     Observation,
     SpecConfig,
@@ -20,6 +19,7 @@ from specpilot.tuner import (
     Surrogate,
     TunerSettings,
     TunerState,
+    acceptance_curve,
     decide,
 )
 

@@ -45,7 +45,6 @@ from typing import Any
 import httpx
 
 from specpilot.operator.loop import ControlLoop, TickRecord
-from specpilot.runtime.emulator.acceptance import acceptance_curve
 from specpilot.runtime.engines import LaunchSettings, get_adapter
 from specpilot.runtime.local_engine import LocalEngine
 from specpilot.runtime.probe import fit_step_time
@@ -56,6 +55,7 @@ from specpilot.tuner import (
     StepTimeModel,
     TunerSettings,
     TunerState,
+    acceptance_curve,
 )
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -2,9 +2,11 @@
 
 Contract: `LocalEngine.apply(config)` renders the engine's command line for `config` with the
 adapter (writing its sidecar files), stops the running process, starts the new one and waits
-until /health answers; `observe(window_s)` scrapes /metrics across the window and returns the
-Observation. A process that exits or never gets healthy raises `EngineStartError` with the
-tail of its log, and the previous config is not restored silently: the loop decides.
+until /health answers; `observe(window_s)` reads one window of /metrics
+(`specpilot.runtime.window`) and returns the Observation, or raises `ScrapeError` when the
+engine gave fewer than two snapshots. A process that exits or never gets healthy raises
+`EngineStartError` with the tail of its log, and the previous config is not restored
+silently: the loop decides.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import httpx
 
 from specpilot.runtime.engine_metrics import observe
 from specpilot.runtime.engines import LaunchSettings, get_adapter
-from specpilot.runtime.scrape import Snapshot, fetch_snapshot, window_stats
+from specpilot.runtime.window import WindowReader
 from specpilot.tuner import Observation, SpecConfig
 
 
@@ -90,17 +92,9 @@ class LocalEngine:
         )
 
     def observe(self, window_s: float) -> Observation:
-        snapshots: list[Snapshot] = []
-        deadline = time.monotonic() + window_s
-        with httpx.Client(timeout=10) as client:
-            while True:
-                snapshots.append(fetch_snapshot(client, f"{self.url}/metrics", time.time()))
-                # a scrape slower than the window (a busy CPU engine) still needs a second
-                # snapshot: one snapshot is no window and would hide every counter
-                if time.monotonic() >= deadline and len(snapshots) >= 2:
-                    break
-                time.sleep(min(self.scrape_interval_s, max(0.0, deadline - time.monotonic())))
-        return observe(self.engine, [window_stats(self.engine, self.url, snapshots)])
+        reader = WindowReader(interval_s=self.scrape_interval_s, timeout_s=10.0, fail_fast=True)
+        window = reader.read(self.engine, {self.url: f"{self.url}/metrics"}, window_s)
+        return observe(self.engine, window.complete())
 
     def stop(self) -> None:
         process, self._process = self._process, None

@@ -14,8 +14,7 @@ from bisect import bisect_right
 from dataclasses import dataclass
 from pathlib import Path
 
-from specpilot.runtime.emulator.acceptance import TASKS
-from specpilot.tuner import ConfigError
+from specpilot.tuner import TASKS, ConfigError
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,6 +4,9 @@ This is the tuner's public face: callers import from here, never from the privat
 `specpilot.tuner._model` (acceptance chains, the roofline, step cost, the surrogate, schedule
 synthesis), the way Optuna keeps its `_gp/` apart from the samplers. Inside the tuner, modules
 import each other by their own paths.
+
+It also publishes the priors (`specpilot.tuner.priors`): per method x task acceptance from
+published numbers, and the task names; the emulator draws its hidden world around them.
 """
 
 from specpilot.tuner._model.acceptance import AcceptanceCurve
@@ -20,6 +23,12 @@ from specpilot.tuner._model.step_cost import StepCost
 from specpilot.tuner._model.surrogate import Surrogate
 from specpilot.tuner.observation import Observation
 from specpilot.tuner.policy import Decision, TunerSettings, decide
+from specpilot.tuner.priors import (
+    TASKS,
+    Task,
+    acceptance_curve,
+    prior_curves,
+)
 from specpilot.tuner.spec_config import (
     DRAFT_WEIGHT_METHODS,
     SPEC_METHODS,
@@ -36,6 +45,7 @@ __all__ = [
     "GPUS",
     "PROFILES",
     "SPEC_METHODS",
+    "TASKS",
     "TREE_METHODS",
     "AcceptanceCurve",
     "ConfigError",
@@ -49,9 +59,12 @@ __all__ = [
     "StepCost",
     "StepTimeModel",
     "Surrogate",
+    "Task",
     "TunerSettings",
     "TunerState",
+    "acceptance_curve",
     "decide",
     "get_gpu",
     "get_profile",
+    "prior_curves",
 ]

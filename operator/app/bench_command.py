@@ -15,19 +15,18 @@ import argparse
 import json
 from pathlib import Path
 
-from specpilot.runtime.emulator.acceptance import acceptance_curve
 from specpilot.runtime.emulator.core import DEFAULT_MAX_NUM_SEQS
 from specpilot.runtime.emulator.fast_replay import Policy, TraceResult, run_trace, static
 from specpilot.runtime.engines import get_adapter
 from specpilot.runtime.traces import Trace, load_trace
 from specpilot.tuner import (
-    AcceptanceCurve,
     Observation,
     SpecConfig,
     StepCost,
     TunerSettings,
     TunerState,
     decide,
+    prior_curves,
 )
 
 DRAFT = "emulated-eagle3-draft"
@@ -67,9 +66,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def tuner_policy(
     cost: StepCost, space: tuple[SpecConfig, ...], downtime_s: float, slo_s: float
 ) -> tuple[Policy, list[str]]:
-    priors: dict[str, AcceptanceCurve] = {
-        c.method: acceptance_curve(c.method, "chat") for c in space if c.speculative
-    }
+    priors = prior_curves(space)
     settings = TunerSettings(
         candidates=space,
         min_dwell_s=120.0,

@@ -17,14 +17,13 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import httpx
-
 from specpilot.operator.app import bench_command, operator_command, run_command, simulate_command
 from specpilot.operator.app.demo import command as demo_command
 from specpilot.runtime.engine_metrics import observe, observe_per_pod
 from specpilot.runtime.engines import ADAPTERS, LaunchSettings, get_adapter
 from specpilot.runtime.promql import PromQLError, PromQLReader
-from specpilot.runtime.scrape import ScrapeError, Snapshot, fetch_snapshot, window_stats
+from specpilot.runtime.scrape import ScrapeError
+from specpilot.runtime.window import WindowReader
 from specpilot.tuner import PROFILES, ConfigError, SpecConfig, get_profile
 
 
@@ -63,16 +62,8 @@ def _observe(ns: argparse.Namespace) -> int:
     else:
         if not ns.url:
             raise ConfigError("--url", None, "one or more /metrics URLs, or --prometheus URL")
-        snapshots: dict[str, list[Snapshot]] = {url: [] for url in ns.url}
-        with httpx.Client(timeout=ns.interval + 5) as client:
-            deadline = time.monotonic() + ns.window
-            while True:
-                for url in ns.url:
-                    snapshots[url].append(fetch_snapshot(client, url, time.time()))
-                if time.monotonic() >= deadline:
-                    break
-                time.sleep(min(ns.interval, max(0.0, deadline - time.monotonic())))
-        stats = [window_stats(ns.engine, url, snaps) for url, snaps in snapshots.items()]
+        scraper = WindowReader(interval_s=ns.interval, timeout_s=ns.interval + 5, fail_fast=True)
+        stats = scraper.read(ns.engine, {url: url for url in ns.url}, ns.window).complete()
     report = {
         "aggregate": observe(ns.engine, stats).to_dict(),
         "per_pod": {pod: o.to_dict() for pod, o in observe_per_pod(ns.engine, stats).items()},

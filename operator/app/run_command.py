@@ -10,12 +10,10 @@ from pathlib import Path
 from typing import cast
 
 from specpilot.operator.loop import ControlLoop, TickRecord
-from specpilot.runtime.emulator.acceptance import acceptance_curve
 from specpilot.runtime.engines import LaunchSettings, get_adapter
 from specpilot.runtime.local_engine import LocalEngine
 from specpilot.tuner import (
     DRAFT_WEIGHT_METHODS,
-    AcceptanceCurve,
     ConfigError,
     SpecConfig,
     SpecMethod,
@@ -23,6 +21,7 @@ from specpilot.tuner import (
     StepTimeModel,
     TunerSettings,
     TunerState,
+    prior_curves,
 )
 
 
@@ -125,9 +124,7 @@ def run(ns: argparse.Namespace) -> int:
         ]
     else:
         program = get_adapter(ns.engine).program(ns.python)
-    priors: dict[str, AcceptanceCurve] = {
-        c.method: acceptance_curve(c.method, ns.task) for c in candidates if c.speculative
-    }
+    priors = prior_curves(candidates, ns.task)
     slo = ns.slo_tpot_p95_ms / 1e3 if ns.slo_tpot_p95_ms else None
     cost = _step_cost(ns)
     settings = TunerSettings(

@@ -20,7 +20,7 @@ Contract (operator/loop.py `Actuator`, plus what rollouts need):
   deleted) unless it is slower than the main pods by more than `canary_tolerance`; then it is
   deleted and `CanaryRejected` raised (the loop backs off).
 - `observe(window_s)` reads the Ready main pods' engine metrics over the window through a
-  `MetricsSource` (direct scrape of pod IP:port/metrics, or PromQL) and returns one
+  `PodWindowSource` (direct scrape of pod IP:port/metrics, or PromQL) and returns one
   Observation (runtime/metrics.observe); `last_canary` keeps the last per-pod comparison.
 Clock and sleep are injected (`clock`, `sleep`), so tests drive rollouts without real time.
 """
@@ -31,17 +31,16 @@ import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
+from specpilot.operator.api.names import CONFIG_ANNOTATION
 from specpilot.operator.api.spec import SpecDeploymentSpec
 from specpilot.operator.kube.children import (
-    CONFIG_ANNOTATION,
     Role,
     desired_config_map,
     desired_deployment,
 )
-from specpilot.operator.kube.deployment_api import KubeApi
-from specpilot.operator.kube.pod_metrics import MetricsSource, PodTarget, pod_target
+from specpilot.operator.kube.pod_metrics import PodTarget, PodWindowSource, pod_target
 from specpilot.operator.kube.rollout import rollout_status
 from specpilot.runtime.engine_metrics import observe, observe_per_pod
 from specpilot.tuner import Observation, SpecConfig
@@ -56,6 +55,28 @@ Notify = Callable[[str, str], None]
 
 class RolloutError(RuntimeError):
     """The new pods did not become Ready: crash, image, timeout or progress deadline."""
+
+
+Obj = dict[str, Any]
+
+
+class DeploymentApi(Protocol):
+    """What the actuator needs from a cluster (`client.KubeRest` is the real one; tests pass
+    a fake). A missing object reads as None; other failures raise `client.KubeApiError`."""
+
+    def read_deployment(self, namespace: str, name: str) -> Obj | None: ...
+
+    def create_deployment(self, namespace: str, body: Obj) -> Obj: ...
+
+    def replace_template(self, namespace: str, name: str, template: Obj) -> Obj:
+        """Replace `spec.template` only."""
+
+    def delete_deployment(self, namespace: str, name: str) -> None: ...
+
+    def ensure_config_map(self, namespace: str, body: Obj) -> None:
+        """Create the ConfigMap unless one of that name exists (its name hashes its content)."""
+
+    def list_pods(self, namespace: str, selector: Mapping[str, str]) -> list[Obj]: ...
 
 
 class CanaryRejected(RuntimeError):
@@ -75,12 +96,12 @@ class CanaryResult:
 
 @dataclass(kw_only=True)
 class KubeActuator:
-    api: KubeApi
+    api: DeploymentApi
     name: str
     namespace: str
     engine: str
     render: Renderer
-    metrics: MetricsSource
+    metrics: PodWindowSource
     render_sidecar: SidecarRenderer | None = None
     rollout_timeout_s: float = 900.0
     poll_s: float = 2.0
@@ -268,11 +289,11 @@ def _sequence_speed(per_pod: Mapping[str, Observation], names: set[str]) -> floa
 
 def for_spec(
     *,
-    api: KubeApi,
+    api: DeploymentApi,
     name: str,
     namespace: str,
     spec: SpecDeploymentSpec,
-    metrics: MetricsSource,
+    metrics: PodWindowSource,
     owner: Mapping[str, Any] | None = None,
     **options: Any,
 ) -> KubeActuator:

@@ -26,6 +26,17 @@ import math
 import posixpath
 from typing import Any, Literal
 
+from specpilot.operator.api.names import (
+    APP_NAME,
+    CONFIG_ANNOTATION,
+    ENGINE_LABEL,
+    INSTANCE_LABEL,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    NAME_LABEL,
+    ROLE_LABEL,
+    SIDECAR_LABEL,
+)
 from specpilot.operator.api.spec import SpecDeploymentSpec
 from specpilot.runtime.engines import get_adapter
 from specpilot.tuner import SpecConfig
@@ -33,15 +44,6 @@ from specpilot.tuner import SpecConfig
 Role = Literal["main", "canary"]
 MonitorKind = Literal["PodMonitor", "ServiceMonitor"]
 
-CONFIG_ANNOTATION = "specpilot.io/config"
-ROLE_LABEL = "specpilot.io/role"
-ENGINE_LABEL = "specpilot.io/engine"
-SIDECAR_LABEL = "specpilot.io/sidecar"
-NAME_LABEL = "app.kubernetes.io/name"
-INSTANCE_LABEL = "app.kubernetes.io/instance"
-MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
-APP_NAME = "specpilot"
-MANAGED_BY = "specpilot"
 CONTAINER_NAME = "engine"
 PORT_NAME = "http"
 CONTAINER_PYTHON = "python3"

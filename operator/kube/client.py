@@ -1,13 +1,20 @@
-"""Generic Kubernetes object access for the reconciler and the tuner: plain dicts over REST.
+"""The operator's one Kubernetes client layer: plain dicts over REST.
 
 Contract: `KubeRest` reads, lists, creates, patches (merge or JSON patch, main object or a
 subresource) and deletes any object by apiVersion and plural, asks discovery whether a
 resource is served, and posts Events aggregated the way client-go does (the same reason and
-message on the same object bump `count` and `lastTimestamp` instead of piling up). It is the
-official `kubernetes` client's ApiClient used for transport and authentication only (raw
-JSON, no model classes). A missing object reads as None; a write that lost a race (409, 422
-from a JSON-patch `test`) is `KubeConflict`; every other failure is `KubeApiError` naming the
-call and the server's message.
+message on the same object bump `count` and `lastTimestamp` instead of piling up). On top of
+those it has the few Deployment-level calls the actuator makes (its `DeploymentApi`
+interface, operator/kube/actuator.py): read, create, template-replace and delete a
+Deployment, create a content-named ConfigMap when missing, list pods by label. The pod
+template is replaced with a JSON patch (`replace /spec/template`), so a field the new template
+drops is really gone (a merge patch would keep it) and `spec.replicas`, owned by the user or
+an autoscaler, is never written.
+
+It is the official `kubernetes` client's ApiClient used for transport and authentication only
+(raw JSON, no model classes). A missing object reads as None and deleting one is not an error;
+a write that lost a race (409, 422 from a JSON-patch `test`) is `KubeConflict`; every other
+failure is `KubeApiError` naming the call and the server's message.
 """
 
 from __future__ import annotations
@@ -22,11 +29,10 @@ from typing import Any, Literal
 import urllib3
 from kubernetes import client, config
 
-from specpilot.operator.kube.deployment_api import KubeApiError
+from specpilot.operator.api.names import COMPONENT, KIND, PLURAL
 
 Obj = dict[str, Any]
 PatchKind = Literal["merge", "json"]
-COMPONENT = "specpilot"
 
 PLURALS: Mapping[str, str] = {
     "ClusterKopfPeering": "clusterkopfpeerings",
@@ -37,8 +43,12 @@ PLURALS: Mapping[str, str] = {
     "PodMonitor": "podmonitors",
     "Service": "services",
     "ServiceMonitor": "servicemonitors",
-    "SpecDeployment": "specdeployments",
+    KIND: PLURAL,
 }
+
+
+class KubeApiError(RuntimeError):
+    """A Kubernetes API call failed."""
 
 
 class KubeConflict(KubeApiError):
@@ -47,6 +57,10 @@ class KubeConflict(KubeApiError):
 
 def plural_of(obj: Mapping[str, Any]) -> str:
     return PLURALS[str(obj["kind"])]
+
+
+def label_selector(labels: Mapping[str, str]) -> str:
+    return ",".join(f"{key}={value}" for key, value in sorted(labels.items()))
 
 
 def now_iso() -> str:
@@ -160,6 +174,32 @@ class KubeRest:
             live = self.get("v1", "events", namespace, name) or {}
             bump = {"count": int(live.get("count", 1)) + 1, "lastTimestamp": now}
             self.patch("v1", "events", namespace, name, bump)
+
+    # The actuator's Deployment-level calls (actuator.DeploymentApi).
+
+    def read_deployment(self, namespace: str, name: str) -> Obj | None:
+        return self.get("apps/v1", "deployments", namespace, name)
+
+    def create_deployment(self, namespace: str, body: Obj) -> Obj:
+        return self.create({**body, "metadata": {**body["metadata"], "namespace": namespace}})
+
+    def replace_template(self, namespace: str, name: str, template: Obj) -> Obj:
+        patch = [{"op": "replace", "path": "/spec/template", "value": template}]
+        patched = self.patch("apps/v1", "deployments", namespace, name, patch, kind="json")
+        if patched is None:
+            raise KubeApiError(f"patch Deployment {namespace}/{name}: not found")
+        return patched
+
+    def delete_deployment(self, namespace: str, name: str) -> None:
+        self.delete("apps/v1", "deployments", namespace, name)
+
+    def ensure_config_map(self, namespace: str, body: Obj) -> None:
+        name = body["metadata"]["name"]
+        if self.get("v1", "configmaps", namespace, name) is None:
+            self.create({**body, "metadata": {**body["metadata"], "namespace": namespace}})
+
+    def list_pods(self, namespace: str, selector: Mapping[str, str]) -> builtins.list[Obj]:
+        return self.list("v1", "pods", namespace, label_selector(selector))
 
     def _call(
         self,

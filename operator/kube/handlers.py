@@ -23,13 +23,12 @@ from typing import Any
 
 import kopf
 
+from specpilot.operator.api.names import FINALIZER, GROUP, KOPF_ANNOTATION_PREFIX, PLURAL, VERSION
 from specpilot.operator.api.spec import SpecError
 from specpilot.operator.kube import exported_metrics, tuning_daemon
-from specpilot.operator.kube.client import KubeConflict, KubeRest
-from specpilot.operator.kube.deployment_api import KubeApiError
+from specpilot.operator.kube.client import KubeApiError, KubeConflict, KubeRest
 from specpilot.operator.kube.reconcile import reconcile
 
-GROUP, VERSION, PLURAL = "specpilot.io", "v1alpha1", "specdeployments"
 BEAT_S = 5.0
 """The daemon's beat; equal to the smallest allowed spec.tuning.intervalSeconds."""
 
@@ -41,12 +40,14 @@ def _rest(memo: Any) -> KubeRest:
 
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="specpilot.io")
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
+        prefix=KOPF_ANNOTATION_PREFIX
+    )
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix="specpilot.io", key="last-handled-configuration"
+        prefix=KOPF_ANNOTATION_PREFIX, key="last-handled-configuration"
     )
     # kopf's finalizer (its timers need one), named for this operator.
-    settings.persistence.finalizer = "specpilot.io/finalizer"
+    settings.persistence.finalizer = FINALIZER
     settings.posting.level = logging.WARNING
     settings.execution.max_workers = max(settings.execution.max_workers or 0, 16)
     memo.rest = KubeRest.from_config(getattr(memo, "kubeconfig", None))

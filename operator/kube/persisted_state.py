@@ -3,7 +3,7 @@
 Contract: `load_state(status, spec, now)` restores what the tuner learned, so an operator
 restart (kopf resume) or a fail-over to the standby replica continues where the last one
 stopped; without a stored state, or with one that no longer parses, it starts from the spec's
-initial config and the emulator's per-method acceptance priors. A stored running config the
+initial config and the tuner's published per-method acceptance priors. A stored running config the
 spec no longer allows (candidates edited) is replaced by the spec's initial config, keeping the
 learned estimates; so is any other than the initial config in modes off and recommend, which
 run what the spec says (an edit of `initial` takes effect there). `failed` (configs that
@@ -22,18 +22,15 @@ from dataclasses import replace
 from typing import Any
 
 from specpilot.operator.api.spec import SpecDeploymentSpec
-from specpilot.runtime.emulator.acceptance import acceptance_curve
-from specpilot.tuner import AcceptanceCurve, ConfigError, SpecConfig, TunerState
+from specpilot.tuner import AcceptanceCurve, ConfigError, SpecConfig, TunerState, prior_curves
 
 logger = logging.getLogger(__name__)
 PRIOR_TASK = "chat"
-"""Acceptance priors per method until the method has run (the emulator's calibrated table)."""
+"""Acceptance priors per method until the method has run (the tuner's published priors)."""
 
 
 def priors(spec: SpecDeploymentSpec) -> dict[str, AcceptanceCurve]:
-    return {
-        c.method: acceptance_curve(c.method, PRIOR_TASK) for c in spec.candidates if c.speculative
-    }
+    return prior_curves(spec.candidates, PRIOR_TASK)
 
 
 def allowed(spec: SpecDeploymentSpec, config: SpecConfig) -> bool:

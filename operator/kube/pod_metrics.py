@@ -2,12 +2,12 @@
 
 Contract: `pod_target(pod)` turns a Ready pod with an IP into a `PodTarget` (its /metrics
 URL and the config it runs); the port is the pod's `prometheus.io/port` annotation, else the
-container port named `http` or `metrics`, else the first container port. A `MetricsSource`
+container port named `http` or `metrics`, else the first container port. A `PodWindowSource`
 returns one `WindowStats` per pod for a window of `window_s` seconds that ends when the call
 returns:
-- `ScrapeSource` scrapes every target's /metrics every `interval_s` across the window with
-  httpx (a pod that stops answering mid-window keeps the snapshots it gave; one with fewer
-  than two is left out);
+- `ScrapeSource` scrapes every target's /metrics every `interval_s` across the window with the
+  runtime's window reader (`specpilot.runtime.window`, whose edge rules apply: a pod that stops
+  answering mid-window keeps the snapshots it gave; one with fewer than two is left out);
 - `PrometheusSource` waits the window, then reads it with PromQL, keeping the targets' pods
   (Prometheus' pod label must carry the pod name, as Kubernetes service discovery sets it).
 Clock and sleep are injected, so tests run without real time.
@@ -20,12 +20,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import httpx
-
 from specpilot.operator.kube.rollout import pod_config, pod_ready
 from specpilot.runtime.engine_metrics import WindowStats
 from specpilot.runtime.promql import PromQLReader
-from specpilot.runtime.scrape import ScrapeError, Snapshot, fetch_snapshot, window_stats
+from specpilot.runtime.window import WindowReader
 
 Obj = Mapping[str, Any]
 
@@ -66,54 +64,22 @@ def _container_port(pod: Obj) -> int | None:
     return int(ports[0]["containerPort"]) if ports else None
 
 
-MAX_LATE_ROUNDS = 3
-"""Extra scrape rounds after the window for pods that gave only one snapshot."""
-
-
-class MetricsSource(Protocol):
+class PodWindowSource(Protocol):
     def window(
         self, engine: str, targets: Sequence[PodTarget], window_s: float
     ) -> list[WindowStats]: ...
 
 
 @dataclass(kw_only=True)
-class ScrapeSource:
+class ScrapeSource(WindowReader):
+    """The runtime's one window reader over the pods' /metrics URLs, named by pod."""
+
     interval_s: float = 2.0
-    timeout_s: float = 5.0
-    clock: Callable[[], float] = time.monotonic
-    sleep: Callable[[float], None] = time.sleep
-    transport: httpx.BaseTransport | None = None
-    """A test transport (httpx.MockTransport) instead of the network."""
 
     def window(
         self, engine: str, targets: Sequence[PodTarget], window_s: float
     ) -> list[WindowStats]:
-        snapshots: dict[str, list[Snapshot]] = {t.name: [] for t in targets}
-        deadline = self.clock() + window_s
-        late_rounds = 0
-        with httpx.Client(timeout=self.timeout_s, transport=self.transport) as client:
-            while True:
-                for target in targets:
-                    try:
-                        snapshot = fetch_snapshot(client, target.url, self.clock())
-                    except ScrapeError:
-                        continue  # a pod going away mid-window keeps what it gave
-                    snapshots[target.name].append(snapshot)
-                left = deadline - self.clock()
-                if left > 0:
-                    self.sleep(min(self.interval_s, left))
-                    continue
-                # Scrapes slower than the window leave a pod with one snapshot, which is no
-                # window: scrape again, a bounded number of times (a pod may be going away).
-                short = any(len(taken) == 1 for taken in snapshots.values())
-                if not short or late_rounds >= MAX_LATE_ROUNDS:
-                    break
-                late_rounds += 1
-        return [
-            window_stats(engine, name, taken)
-            for name, taken in snapshots.items()
-            if len(taken) >= 2
-        ]
+        return self.read(engine, {t.name: t.url for t in targets}, window_s).stats
 
 
 @dataclass(kw_only=True)

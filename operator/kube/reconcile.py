@@ -10,28 +10,27 @@ SpecDeployment sets it (children.py): otherwise an HPA, KEDA or a user owns it. 
 controller ownerReference, so the API server's garbage collector deletes them with the object.
 Sidecar ConfigMaps no Deployment refers to any more are deleted.
 
-Then status: phase, currentConfig, replicas/selector (the scale subresource), printer-column
-fields, observedGeneration and metav1.Condition entries whose lastTransitionTime changes only
-when their status does. An invalid spec writes phase Degraded and a Degraded=True condition
-with the message, then raises the `SpecError` (the kopf handler makes it permanent).
+Then status (computed and written by status.py): phase, currentConfig, replicas/selector (the
+scale subresource), printer-column fields, observedGeneration and Conditions. An invalid spec
+writes phase Degraded and a Degraded=True condition with the message, then raises the
+`SpecError` (the kopf handler makes it permanent).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
+from specpilot.operator.api.names import API_VERSION, INSTANCE_LABEL, PLURAL, SIDECAR_LABEL
 from specpilot.operator.api.spec import SpecDeploymentSpec, SpecError, config_to_status, decode_spec
 from specpilot.operator.kube import children as ch
-from specpilot.operator.kube.client import KubeRest, now_iso, plural_of
+from specpilot.operator.kube.client import KubeRest, plural_of
 from specpilot.operator.kube.persisted_state import dump_state, load_state
+from specpilot.operator.kube.status import degraded_status, running_status, write_status
 from specpilot.tuner import SpecConfig
 
 Obj = dict[str, Any]
-API_VERSION = "specpilot.io/v1alpha1"
-PLURAL = "specdeployments"
-TUNING_REASONS = {"auto": "Auto", "recommend": "RecommendOnly", "off": "Pinned"}
 
 
 def owner_reference(owner: Mapping[str, Any]) -> Obj:
@@ -112,28 +111,6 @@ def apply_child(rest: KubeRest, desired: Obj) -> str:
     return "patched"
 
 
-def set_condition(
-    conditions: Sequence[Mapping[str, Any]],
-    *,
-    type_: str,
-    status: bool,
-    reason: str,
-    message: str,
-    generation: int | None,
-) -> list[Obj]:
-    """Conditions with one entry set; lastTransitionTime moves only when the status changes."""
-    value = "True" if status else "False"
-    out = [dict(c) for c in conditions if c.get("type") != type_]
-    old = next((c for c in conditions if c.get("type") == type_), None)
-    since = old["lastTransitionTime"] if old and old.get("status") == value else now_iso()
-    entry: Obj = {"type": type_, "status": value, "reason": reason, "message": message[:1024],
-                  "lastTransitionTime": since}  # fmt: skip
-    if generation is not None:
-        entry["observedGeneration"] = generation
-    out.append(entry)
-    return sorted(out, key=lambda c: str(c["type"]))
-
-
 def monitor_kind(rest: KubeRest) -> ch.MonitorKind | None:
     """A PodMonitor (per-pod series, which the tuner reads) where the Prometheus Operator's
     CRDs are installed, else a ServiceMonitor, else none."""
@@ -180,75 +157,6 @@ def reconcile(rest: KubeRest, body: Mapping[str, Any]) -> Obj:
     return new_status
 
 
-def degraded_status(status: Obj, message: str, generation: int | None) -> Obj:
-    conditions = set_condition(
-        status.get("conditions", []), type_="Degraded", status=True, reason="InvalidSpec",
-        message=message, generation=generation,
-    )  # fmt: skip
-    return {
-        **status,
-        "phase": "Degraded",
-        "observedGeneration": generation,
-        "conditions": conditions,
-    }
-
-
-def running_status(
-    status: Obj,
-    spec: SpecDeploymentSpec,
-    deployment: Mapping[str, Any],
-    generation: int | None,
-    name: str,
-) -> Obj:
-    dep_spec = deployment.get("spec") or {}
-    dep_status = deployment.get("status") or {}
-    wanted = int(dep_spec.get("replicas", 1))
-    ready = int(dep_status.get("readyReplicas") or 0)
-    updated = int(dep_status.get("updatedReplicas") or 0)
-    available = int(dep_status.get("availableReplicas") or 0)
-    total = int(dep_status.get("replicas") or 0)
-    seen = dep_status.get("observedGeneration", 0) >= (deployment.get("metadata") or {}).get(
-        "generation", 1
-    )
-    rolled = (
-        bool(deployment) and seen and updated >= wanted and total == updated and available >= wanted
-    )
-    conditions = status.get("conditions", [])
-    ready_reason = "ReplicasReady" if ready >= wanted else "ReplicasNotReady"
-    for type_, value, reason, message in (
-        ("Degraded", False, "SpecValid", "the spec decodes and every candidate runs on the engine"),
-        ("Ready", ready >= wanted and rolled, ready_reason, f"{ready}/{wanted} replicas ready"),
-        ("Progressing", not rolled, "RollingOut" if not rolled else "RolloutComplete",
-         f"{updated}/{wanted} replicas updated, {available} available"),
-        ("Tuning", spec.tuning.mode != "off", TUNING_REASONS[spec.tuning.mode],
-         f"tuning mode {spec.tuning.mode}"),
-    ):  # fmt: skip
-        conditions = set_condition(
-            conditions,
-            type_=type_,
-            status=value,
-            reason=reason,
-            message=message,
-            generation=generation,
-        )
-    phase = "Running" if rolled else "Deploying"
-    if status.get("phase") in ("Switching", "RollingBack") and not rolled:
-        phase = status["phase"]  # the tuner's own phases while its rollout is under way
-    return {
-        **status, "phase": phase, "observedGeneration": generation, "conditions": conditions,
-        "replicas": total, "selector": ch.pod_selector(name),
-    }  # fmt: skip
-
-
-def write_status(rest: KubeRest, body: Mapping[str, Any], status: Obj) -> None:
-    meta = body["metadata"]
-    if status == (body.get("status") or {}):
-        return  # nothing changed: no write, no new resourceVersion, no watch event
-    rest.patch(
-        API_VERSION, PLURAL, meta["namespace"], meta["name"], {"status": status}, sub="status"
-    )
-
-
 def _prune_sidecars(rest: KubeRest, name: str, namespace: str, actions: Mapping[str, str]) -> None:
     """Delete sidecar ConfigMaps neither desired nor mounted by a live main or canary template
     (pods of a rollout under way still mount the old one)."""
@@ -259,7 +167,7 @@ def _prune_sidecars(rest: KubeRest, name: str, namespace: str, actions: Mapping[
             "volumes"
         )
         wanted |= {v["configMap"]["name"] for v in volumes or [] if "configMap" in v}
-    selector = f"{ch.SIDECAR_LABEL}=true,{ch.INSTANCE_LABEL}={name}"
+    selector = f"{SIDECAR_LABEL}=true,{INSTANCE_LABEL}={name}"
     for cm in rest.list("v1", "configmaps", namespace, selector):
         cm_name = cm["metadata"]["name"]
         if cm_name not in wanted:

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from specpilot.operator.kube.children import CONFIG_ANNOTATION
+from specpilot.operator.api.names import CONFIG_ANNOTATION
 
 # Container waiting reasons after which the pod will not become Ready without a new template.
 FATAL_WAITING_REASONS = frozenset(

@@ -30,19 +30,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from specpilot.operator.api.names import API_VERSION, PLURAL
 from specpilot.operator.api.spec import SpecDeploymentSpec, SpecError, config_to_status, decode_spec
 from specpilot.operator.kube import exported_metrics
 from specpilot.operator.kube.actuator import for_spec
-from specpilot.operator.kube.client import KubeRest, now_iso
-from specpilot.operator.kube.deployment_api import RestKubeApi
+from specpilot.operator.kube.client import KubeRest
 from specpilot.operator.kube.persisted_state import dump_state, load_state
-from specpilot.operator.kube.pod_metrics import MetricsSource, PrometheusSource, ScrapeSource
-from specpilot.operator.kube.reconcile import (
-    API_VERSION,
-    PLURAL,
-    set_condition,
-    write_status,
-)
+from specpilot.operator.kube.pod_metrics import PodWindowSource, PrometheusSource, ScrapeSource
+from specpilot.operator.kube.status import EVENT_REASONS, post_event, tick_status, write_status
 from specpilot.operator.loop import Actuator, ControlLoop, TickRecord
 from specpilot.runtime.promql import PromQLReader
 from specpilot.tuner import (
@@ -51,7 +46,6 @@ from specpilot.tuner import (
     SpecConfig,
     StepCost,
     TunerSettings,
-    TunerState,
     decide,
 )
 
@@ -103,7 +97,7 @@ def cost_for(spec: SpecDeploymentSpec) -> StepCost:
     return StepCost.for_hardware(spec.gpu.type, spec.gpu.model_profile or DEFAULT_PROFILE)
 
 
-def metrics_source(spec: SpecDeploymentSpec, namespace: str, sleep: Sleep) -> MetricsSource:
+def metrics_source(spec: SpecDeploymentSpec, namespace: str, sleep: Sleep) -> PodWindowSource:
     if spec.tuning.metrics_source == "prometheus" and spec.tuning.prometheus_url:
         reader = PromQLReader(spec.tuning.prometheus_url, selector=f'namespace="{namespace}"')
         return PrometheusSource(reader=reader, settle_s=5.0, sleep=sleep)
@@ -116,7 +110,7 @@ def kube_actuator(rest: KubeRest, body: Obj, spec: SpecDeploymentSpec, sleep: Sl
     stop flag interrupts it)."""
     meta = body["metadata"]
     return for_spec(
-        api=RestKubeApi(rest),
+        api=rest,
         name=meta["name"],
         namespace=meta["namespace"],
         spec=spec,
@@ -125,15 +119,6 @@ def kube_actuator(rest: KubeRest, body: Obj, spec: SpecDeploymentSpec, sleep: Sl
         notify=lambda reason, message: post_event(rest, body, "Normal", reason, message),
         owner=body,  # a canary or ConfigMap made mid-switch goes with the object
     )
-
-
-def post_event(rest: KubeRest, body: Mapping[str, Any], type_: str, reason: str, text: str) -> None:
-    """An Event, best effort: one that cannot be posted is logged and must not fail (or roll
-    back) the switch it describes; status.lastDecision says the same."""
-    try:
-        rest.post_event(body, type_, reason, text)
-    except Exception as exc:  # any API failure: RBAC, a conflict, the server away
-        logger.warning("could not post Event %s on %s: %s", reason, body["metadata"]["name"], exc)
 
 
 class _Announcing:
@@ -220,11 +205,11 @@ def tune(
         record = TickRecord(now, observation, decision, applied=False)
         outcome = (action, decision.reason, "Normal")
     action, reason, event_type = outcome
-    status = _tick_status(status, spec, record, new_state, action, fresh)
+    status = tick_status(status, spec, record, new_state, action, fresh)
     status["tunerState"] = dump_state(new_state, new_failed)
     latest = rest.get(API_VERSION, PLURAL, namespace, name) or fresh
     write_status(rest, latest, {**(latest.get("status") or {}), **status})
-    post_event(rest, fresh, event_type, _EVENT_REASONS[action], reason)
+    post_event(rest, fresh, event_type, EVENT_REASONS[action], reason)
     obs = record.observation
     exported_metrics.record_config(namespace, name, new_state.current)
     exported_metrics.record_tick(
@@ -235,16 +220,6 @@ def tune(
     return TickOutcome(action, reason, record.decision, record.applied, status)
 
 
-_EVENT_REASONS = {
-    "stay": "TunerStayed",
-    "switch": "TunerSwitched",
-    "off": "TunerSpeculationOff",
-    "rollback": "TunerRolledBack",
-    "error": "TunerSwitchFailed",
-    "recommend": "TunerRecommends",
-}
-
-
 def _auto_outcome(record: TickRecord) -> tuple[str, str, str]:
     if record.rolled_back:
         return "rollback", record.decision.reason, "Warning"
@@ -252,61 +227,3 @@ def _auto_outcome(record: TickRecord) -> tuple[str, str, str]:
         why = f"{record.decision.reason}; rolled back: {record.error}"
         return "error", why, "Warning"
     return record.decision.action, record.decision.reason, "Normal"
-
-
-def _tick_status(
-    status: Obj,
-    spec: SpecDeploymentSpec,
-    record: TickRecord,
-    state: TunerState,
-    action: str,
-    body: Mapping[str, Any],
-) -> Obj:
-    obs, decision = record.observation, record.decision
-    when = now_iso()
-    observed = {
-        key: round(value, 4)
-        for key, value in (
-            ("acceptanceLength", obs.acceptance_length),
-            ("batch", obs.running_requests),
-            ("tokensPerSecond", obs.generation_tokens_per_s),
-            ("tpotP95Ms", obs.tpot_p95_s * 1e3 if obs.tpot_p95_s is not None else None),
-            ("ttftP95Ms", obs.ttft_p95_s * 1e3 if obs.ttft_p95_s is not None else None),
-        )
-        if value is not None
-    }
-    has_data = obs.generation_tokens_per_s is not None
-    generation = body["metadata"].get("generation")
-    conditions = set_condition(
-        status.get("conditions", []), type_="MetricsAvailable", status=has_data,
-        reason="Observed" if has_data else "NoMetrics",
-        message=f"{len(obs.pods)} pod(s) observed" if has_data else
-        "no throughput in the window: " + ", ".join(obs.unknown),
-        generation=generation,
-    )  # fmt: skip
-    out: Obj = {
-        "observed": {**observed, "time": when},
-        "lastDecision": {
-            "action": action,
-            "reason": (record.error or decision.reason)[:1024],
-            "predictedGain": round(decision.predicted_gain, 4),
-            "config": decision.config.describe(),
-            "time": when,
-        },
-        "currentConfig": config_to_status(state.current),
-        "conditions": conditions,
-    }
-    if decision.regime in ("memory-bound", "transition", "compute-bound", "unknown"):
-        out["regime"] = decision.regime
-    if status.get("phase") in ("Switching", "RollingBack"):
-        out["phase"] = "Running"  # the rollout (or its rollback) finished inside the tick
-    if action != "recommend" and "recommendation" in status:
-        out["recommendation"] = None  # stale: a merge patch with null removes it
-    if action == "recommend":
-        out["recommendation"] = {
-            "config": config_to_status(decision.config),
-            "reason": decision.reason[:1024],
-            "predictedGain": round(decision.predicted_gain, 4),
-            "time": when,
-        }
-    return out

@@ -13,9 +13,8 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from specpilot.runtime.emulator.acceptance import acceptance_curve
 from specpilot.runtime.emulator.fast_sweep import simulate
-from specpilot.tuner import SpecConfig, SpecMethod, StepCost
+from specpilot.tuner import SpecConfig, SpecMethod, StepCost, acceptance_curve
 
 TOLERANCE = 0.15
 KNOWN_GAPS: dict[str, str] = {}

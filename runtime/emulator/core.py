@@ -20,9 +20,8 @@ import random
 from collections import deque
 from dataclasses import dataclass, field
 
-from specpilot.runtime.emulator.acceptance import acceptance_curve
 from specpilot.runtime.emulator.sglang_adaptive import SglangAdaptive
-from specpilot.tuner import AcceptanceCurve, SpecConfig, StepCost
+from specpilot.tuner import AcceptanceCurve, SpecConfig, StepCost, acceptance_curve
 
 DEFAULT_MAX_NUM_SEQS = 256
 DEFAULT_MAX_BATCHED_TOKENS = 8192

@@ -89,7 +89,7 @@ def run_trace(
     rng = random.Random(seed)
     config = initial
     core = EngineCore(config=config, performance=cost, seed=seed)
-    now, next_arrival, paused_until = 0.0, _next_arrival(trace, 0.0, rng), 0.0
+    now, next_arrival, paused_until = 0.0, draw_arrival(trace, 0.0, rng), 0.0
     window, window_end = _Window(), window_s
     finished: list[Request] = []
     window_goodput: list[float] = []
@@ -100,8 +100,8 @@ def run_trace(
     while now < end:
         while next_arrival is not None and next_arrival <= now:
             count += 1
-            core.add_request(_request(trace, next_arrival, count, rng))
-            next_arrival = _next_arrival(trace, next_arrival, rng)
+            core.add_request(draw_request(trace, next_arrival, count, rng))
+            next_arrival = draw_arrival(trace, next_arrival, rng)
         if now >= window_end:
             obs = _observation(engine, window, window_s, core)
             window_goodput.append(good_in_window / window_s)
@@ -196,7 +196,9 @@ def _observation(engine: str, window: _Window, window_s: float, core: EngineCore
     )
 
 
-def _next_arrival(trace: Trace, after: float, rng: random.Random) -> float | None:
+def draw_arrival(trace: Trace, after: float, rng: random.Random) -> float | None:
+    """The first Poisson arrival after `after` at the trace's rate (seconds), or None past its
+    end. Consumes `rng` exactly as the replay does, so callers sharing a seed see one sequence."""
     t = after
     while t < trace.duration_s:
         row = trace.row_at(t)
@@ -209,7 +211,9 @@ def _next_arrival(trace: Trace, after: float, rng: random.Random) -> float | Non
     return None
 
 
-def _request(trace: Trace, arrival: float, number: int, rng: random.Random) -> Request:
+def draw_request(trace: Trace, arrival: float, number: int, rng: random.Random) -> Request:
+    """Request number `number` arriving at `arrival`: its task drawn from the trace's mix there,
+    its prompt and output lengths within +-50% of the task's shape (`rng` as the replay uses it)."""
     tasks, weights = zip(*trace.row_at(arrival).mix, strict=True)
     task = rng.choices(tasks, weights)[0]
     prompt, output = TASK_SHAPES[task]

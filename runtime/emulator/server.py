@@ -31,12 +31,11 @@ from typing import Any
 
 from aiohttp import web
 
-from specpilot.runtime.emulator.acceptance import TASKS
 from specpilot.runtime.emulator.core import DEFAULT_MAX_NUM_SEQS, EngineCore, Request
 from specpilot.runtime.emulator.exposition import Exposition, exposition_for
 from specpilot.runtime.engines import get_adapter
 from specpilot.runtime.engines.base import find_flags, parse_int_flag
-from specpilot.tuner import ConfigError, SpecConfig, StepCost
+from specpilot.tuner import TASKS, ConfigError, SpecConfig, StepCost
 
 FILLER = "the model speculates and verifies tokens in one pass while the batch grows".split()
 # Seconds a real engine takes to load weights and warm up, per profile parameter count; an

@@ -25,10 +25,16 @@ import httpx
 import pytest
 
 from specpilot.operator.loop import ControlLoop
-from specpilot.runtime.emulator.acceptance import acceptance_curve
 from specpilot.runtime.engines import LaunchSettings, get_adapter
 from specpilot.runtime.local_engine import LocalEngine
-from specpilot.tuner import SpecConfig, StepCost, StepTimeModel, TunerSettings, TunerState
+from specpilot.tuner import (
+    SpecConfig,
+    StepCost,
+    StepTimeModel,
+    TunerSettings,
+    TunerState,
+    acceptance_curve,
+)
 
 from conftest import OFFLINE_ENV, VLLM_PYTHON, free_port, require
 

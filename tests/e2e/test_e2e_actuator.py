@@ -15,7 +15,6 @@ from e2e.kubelet import Kubelet
 from specpilot.operator.api.spec import decode_spec
 from specpilot.operator.kube.actuator import KubeActuator, RolloutError, for_spec
 from specpilot.operator.kube.client import KubeRest
-from specpilot.operator.kube.deployment_api import RestKubeApi
 from specpilot.operator.kube.pod_metrics import ScrapeSource
 from specpilot.tuner import SpecConfig
 
@@ -40,7 +39,7 @@ def actuator_for(apiserver: ApiServer, models: Path, engine: str, replicas: int)
     )
     rest = KubeRest.from_config(str(apiserver.operator_kubeconfig))  # the operator's account
     return for_spec(
-        api=RestKubeApi(rest),
+        api=rest,
         name="llm",
         namespace=NAMESPACE,
         spec=spec,

@@ -14,10 +14,9 @@ import httpx
 import pytest
 
 from specpilot.operator.loop import ControlLoop
-from specpilot.runtime.emulator.acceptance import acceptance_curve
 from specpilot.runtime.engines import LaunchSettings
 from specpilot.runtime.local_engine import LocalEngine
-from specpilot.tuner import SpecConfig, StepCost, TunerSettings, TunerState
+from specpilot.tuner import SpecConfig, StepCost, TunerSettings, TunerState, acceptance_curve
 
 EMULATE = [
     sys.executable,

@@ -1,5 +1,6 @@
 """Offline stand-in for the API server's handling of a SpecDeployment: defaulting, pruning,
-OpenAPI validation, list-type uniqueness and CEL rules, all from crds/specdeployment.yaml.
+OpenAPI validation, list-type uniqueness and CEL rules, all from crds/specdeployment.yaml (the
+committed CRD, generated from the API models in operator/api/).
 
 `admit(obj)` does what the API server does on create, in its order (prune unknown fields,
 apply defaults, validate the schema, then the CEL `x-kubernetes-validations`), and returns the

@@ -13,13 +13,15 @@ import pytest
 import yaml
 from crd_validation import ROOT
 
-from specpilot.operator.api.spec import SpecDeploymentSpec, decode_spec
-from specpilot.operator.kube.children import (
+from specpilot.operator.api.names import (
     CONFIG_ANNOTATION,
     INSTANCE_LABEL,
     MANAGED_BY_LABEL,
     NAME_LABEL,
     ROLE_LABEL,
+)
+from specpilot.operator.api.spec import SpecDeploymentSpec, decode_spec
+from specpilot.operator.kube.children import (
     deployment_name,
     desired_children,
     desired_config_map,

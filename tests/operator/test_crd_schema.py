@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import kubernetes_validate
@@ -313,6 +314,11 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
      "spec.tuning.maxSurge"),
     ("negative surge", with_({"tuning": {"maxSurge": -1}}), "spec.tuning.maxSurge"),
     ("env as a map", with_({"env": {"A": "1"}}), "spec.env"),
+    # An empty string is not "unset": refused at admission, not stored and then Degraded.
+    ("empty image", with_({"image": ""}), "spec.image"),
+    ("empty servedModelName", with_({"servedModelName": ""}), "spec.servedModelName"),
+    ("empty secret name", with_({"env": [{"name": "A", "valueFrom": {
+        "secretKeyRef": {"name": "", "key": "k"}}}]}), "spec.env[0].valueFrom.secretKeyRef.name"),
 ]  # fmt: skip
 
 
@@ -342,6 +348,33 @@ def test_error_message_names_field_value_and_allowed() -> None:
         decode_spec(with_({"tuning": {"mode": "yolo"}}))
     assert (err.value.field, err.value.value) == ("spec.tuning.mode", "yolo")
     assert "auto | recommend | off" in str(err.value)
+
+
+def test_unknown_field_names_the_known_ones() -> None:
+    with pytest.raises(SpecError) as err:
+        decode_spec(with_({"tuning": {"intervalSecond": 30}}))
+    assert (err.value.field, err.value.value) == ("spec.tuning.intervalSecond", 30)
+    assert "intervalSeconds" in err.value.allowed and "unknown field" in str(err.value)
+
+
+def test_missing_field_says_what_it_is() -> None:
+    with pytest.raises(SpecError) as err:
+        decode_spec({"model": "m"})
+    assert (err.value.field, err.value.allowed) == ("spec.engine", "vllm | sglang")
+    assert "required: Inference engine" in str(err.value)
+
+
+def test_duplicate_list_map_keys_name_the_second_entry() -> None:
+    env = [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]
+    with pytest.raises(SpecError) as err:
+        decode_spec(with_({"env": env}))
+    assert (err.value.field, err.value.value) == ("spec.env[1].name", "A")
+
+
+def test_nulls_are_unset_and_any_mapping_decodes() -> None:
+    nulls = with_({"image": None, "replicas": None, "tuning": {"slo": None, "canary": None}})
+    assert decode_spec(nulls) == decode_spec(BASE)
+    assert decode_spec(MappingProxyType(copy.deepcopy(BASE))) == decode_spec(BASE)
 
 
 def test_metadata_name_rule() -> None:

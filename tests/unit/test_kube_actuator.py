@@ -22,9 +22,15 @@ from specpilot.operator.kube.actuator import (
 from specpilot.operator.kube.pod_metrics import PodTarget, pod_target
 from specpilot.operator.kube.rollout import rollout_status
 from specpilot.operator.loop import ControlLoop
-from specpilot.runtime.emulator.acceptance import acceptance_curve
 from specpilot.runtime.engine_metrics import WindowStats
-from specpilot.tuner import Observation, SpecConfig, StepCost, TunerSettings, TunerState
+from specpilot.tuner import (
+    Observation,
+    SpecConfig,
+    StepCost,
+    TunerSettings,
+    TunerState,
+    acceptance_curve,
+)
 
 Obj = dict[str, Any]
 EAGLE = SpecConfig(method="eagle3", num_speculative_tokens=3, draft_model="/d")
@@ -141,7 +147,7 @@ class FakeClock:
 
 @dataclass
 class PerPodMetrics:
-    """A MetricsSource answering tokens/s per pod from the config the pod runs."""
+    """A PodWindowSource answering tokens/s per pod from the config the pod runs."""
 
     tokens_per_s: Callable[[PodTarget], float]
     windows: list[tuple[str, ...]] = field(default_factory=list)

@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import math
 
-import httpx
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from specpilot.operator.kube.pod_metrics import MAX_LATE_ROUNDS, PodTarget, ScrapeSource
 from specpilot.runtime.engine_metrics import (
     WindowStats,
     histogram_quantile,
@@ -197,46 +195,3 @@ def test_histogram_quantile_edges() -> None:
     assert histogram_quantile(0.5, {1.0: 4.0}) is None  # no +Inf bucket: not a histogram
     assert histogram_quantile(0.99, {1.0: 1.0, math.inf: 10.0}) == 1.0  # lands in +Inf bucket
     assert histogram_quantile(0.5, {1.0: 10.0, 2.0: 10.0, math.inf: 10.0}) == pytest.approx(0.5)
-
-
-class SlowScrapes:
-    """A clock that a scrape moves past the whole window, as a busy CPU engine does."""
-
-    def __init__(self, scrape_s: float, answers: int) -> None:
-        self.now = 0.0
-        self.scrape_s = scrape_s
-        self.answers = answers
-        self.engine = FakeVllm()
-
-    def handle(self, request: httpx.Request) -> httpx.Response:
-        self.now += self.scrape_s
-        if self.answers <= 0:
-            return httpx.Response(503)
-        self.answers -= 1
-        self.engine.step(drafts=10, accepted_per_pos=[9, 7, 4], running=4, tokens=50)
-        return httpx.Response(200, text=self.engine.text())
-
-
-POD_A = PodTarget(name="pod-a", url="http://pod-a/metrics", config=None)
-
-
-def _window_of(slow: SlowScrapes, window_s: float) -> list[WindowStats]:
-    """ScrapeSource's window over pod-a, on the slow scrapes' own clock."""
-    source = ScrapeSource(
-        clock=lambda: slow.now,
-        sleep=lambda s: None,
-        transport=httpx.MockTransport(slow.handle),
-    )
-    return source.window("vllm", [POD_A], window_s=window_s)
-
-
-def test_scrapes_slower_than_the_window_still_measure_a_window() -> None:
-    (stats,) = _window_of(SlowScrapes(scrape_s=12.0, answers=10), window_s=8.0)
-    assert stats.window_s == pytest.approx(12.0)  # two snapshots, one scrape apart
-    assert stats.counters and observe("vllm", [stats]).acceptance_length is not None
-
-
-def test_a_pod_that_stops_answering_ends_the_window_without_it() -> None:
-    slow = SlowScrapes(scrape_s=12.0, answers=1)
-    assert _window_of(slow, window_s=8.0) == []
-    assert slow.now == pytest.approx(12.0 * (1 + MAX_LATE_ROUNDS))  # bounded retries, then gives up

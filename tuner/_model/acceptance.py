@@ -18,8 +18,6 @@ class AcceptanceCurve:
 
     p: float
     r: float = 1.0
-    anchored: bool = True
-    """False where no published number backs this method x task."""
 
     def conditional(self, position: int) -> float:
         return min(1.0, self.p * self.r ** (position - 1))
@@ -50,14 +48,17 @@ class AcceptanceCurve:
 
 
 def p_for_length(length: float, k: int, r: float) -> float:
-    """The p whose chain with decay r gives this acceptance length at K (bisection; the length
-    is clamped to what a K-token draft can give, 1 to K + 1)."""
-    low, high = 0.0, 1.0
+    """The p whose chain with decay r gives this acceptance length at K (Brent's method; the
+    length is clamped to what a K-token draft can give, 1 to K + 1, and p to 0..1)."""
+    from scipy.optimize import brentq  # lazy: importing the tuner must not pull in numpy
+
     target = min(max(length, 1.0), 1.0 + k)
-    for _ in range(40):
-        middle = (low + high) / 2
-        if AcceptanceCurve(middle, r).expected_length(k) < target:
-            low = middle
-        else:
-            high = middle
-    return (low + high) / 2
+
+    def shortfall(p: float) -> float:
+        return AcceptanceCurve(p, r).expected_length(k) - target
+
+    if shortfall(0.0) >= 0.0:
+        return 0.0
+    if shortfall(1.0) <= 0.0:
+        return 1.0
+    return float(brentq(shortfall, 0.0, 1.0, xtol=1e-15))

@@ -38,11 +38,6 @@ class Gpu:
     """Per-step overhead measured on this GPU class where a measurement is published; None
     takes the overhead of the H100 anchor fit (STEP_OVERHEAD_S)."""
 
-    @property
-    def ridge_flops_per_byte(self) -> float:
-        """Arithmetic intensity where the roofline turns from memory- to compute-bound."""
-        return self.peak_flops / self.bandwidth
-
 
 # SGLang on B200 spends far more per step than the H100 anchor's 1.1 ms besides streaming
 # weights: a sweep of SGLang v0.5.8 on B200 (bench_serving, random 1K in / 1K out; gist

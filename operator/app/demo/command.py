@@ -42,18 +42,17 @@ from specpilot.operator.app.demo.report import (
     summary_markdown,
 )
 from specpilot.operator.loop import ControlLoop, TickRecord
-from specpilot.runtime.emulator.acceptance import acceptance_curve
 from specpilot.runtime.emulator.core import Request
 from specpilot.runtime.engines import LaunchSettings
 from specpilot.runtime.local_engine import LocalEngine
 from specpilot.runtime.traces import Trace, TraceRow, load_trace, parse_trace
 from specpilot.tuner import (
-    AcceptanceCurve,
     ConfigError,
     SpecConfig,
     StepCost,
     TunerSettings,
     TunerState,
+    prior_curves,
 )
 
 # A day's shape in 180 s: night, morning ramp, a busy peak past saturation (~50 req/s of chat
@@ -142,9 +141,7 @@ def run(ns: argparse.Namespace) -> int:
     trace = load_trace(ns.trace) if ns.trace else parse_trace(DEMO_DAY, "demo-day")
     trace = stretch(trace, ns.duration)
     cost = StepCost.for_hardware(ns.gpu, ns.model_profile)
-    priors: dict[str, AcceptanceCurve] = {
-        c.method: acceptance_curve(c.method, "chat") for c in SPACE if c.speculative
-    }
+    priors = prior_curves(SPACE)
     settings = TunerSettings(
         candidates=SPACE,
         min_dwell_s=ns.min_dwell,

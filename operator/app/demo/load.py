@@ -26,7 +26,7 @@ from specpilot.runtime.emulator.core import Request
 
 # The fast-mode replay's own arrival and request draws: reusing them (rather than a copy) is
 # what makes both modes see the identical request sequence for a seed.
-from specpilot.runtime.emulator.fast_replay import _next_arrival, _request
+from specpilot.runtime.emulator.fast_replay import draw_arrival, draw_request
 from specpilot.runtime.traces import Trace
 
 RETRY_DELAY_S = 0.25
@@ -36,10 +36,10 @@ RETRY_DELAY_S = 0.25
 def plan_requests(trace: Trace, seed: int) -> list[Request]:
     rng = random.Random(seed)
     planned: list[Request] = []
-    arrival = _next_arrival(trace, 0.0, rng)
+    arrival = draw_arrival(trace, 0.0, rng)
     while arrival is not None:
-        planned.append(_request(trace, arrival, len(planned) + 1, rng))
-        arrival = _next_arrival(trace, arrival, rng)
+        planned.append(draw_request(trace, arrival, len(planned) + 1, rng))
+        arrival = draw_arrival(trace, arrival, rng)
     return planned
 
 
@@ -62,9 +62,6 @@ class LoadStats:
     errors: int = 0
     """Requests answered with an HTTP error status (not retried)."""
     completed: list[Completed] = field(default_factory=list)
-
-    def tokens_between(self, start_s: float, end_s: float) -> int:
-        return sum(c.tokens for c in self.completed if start_s <= c.finished_s < end_s)
 
 
 @dataclass(kw_only=True)

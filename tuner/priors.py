@@ -1,7 +1,13 @@
-"""Acceptance: how many drafted tokens the target keeps, per method x task, drawn per step.
+"""The published priors: acceptance per method x task, and the task names, from published numbers.
 
-Contract: the chain model of `specpilot.tuner._model.acceptance` (q_i = min(1, p x r^(i-1))), with a
-(p, r) per method x task that the emulator treats as ground truth.
+Contract: the chain model of `specpilot.tuner._model.acceptance` (q_i = min(1, p x r^(i-1))), with
+a (p, r) per method x task taken from published acceptance lengths and rates. This is what the
+tuner may know before a method has run, as it would in a user's cluster. The emulator draws its
+hidden world around these numbers (it imports them from `specpilot.tuner`, never the other way
+round). `acceptance_curve(method, task)` looks one up, rejecting an unknown method or task with
+a `ConfigError`; `prior_curves(configs, task)` gives the per-method priors of a config space;
+`acceptance_table()` is the whole table, built on first use (solving DFlash's p needs scipy,
+which importing the tuner must not load).
 
 Calibration (REFERENCE.md section 5; `bench/calibration.py` checks every anchored number):
 - eagle3 chat: (p, r) least-squares fitted to vLLM's EAGLE-3 MT-bench lengths for K=2..7
@@ -27,11 +33,12 @@ Calibration (REFERENCE.md section 5; `bench/calibration.py` checks every anchore
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+from collections.abc import Iterable, Mapping
 from typing import Literal, get_args
 
-from specpilot.tuner import ConfigError
 from specpilot.tuner._model.acceptance import AcceptanceCurve, p_for_length
+from specpilot.tuner.spec_config import ConfigError, SpecConfig
 
 Task = Literal["chat", "code", "summarize", "math", "creative"]
 TASKS: tuple[str, ...] = get_args(Task)
@@ -49,16 +56,14 @@ def _by_task(
         "summarize": AcceptanceCurve(summarize, r),
         "math": AcceptanceCurve(math, r),
     }
-    curves["creative"] = AcceptanceCurve(chat * _CREATIVE_OVER_CHAT, r, anchored=False)
+    curves["creative"] = AcceptanceCurve(chat * _CREATIVE_OVER_CHAT, r)
     return curves
 
 
 _EAGLE = _by_task(chat=0.6575, code=0.6310, summarize=0.6517, math=0.6689, r=EAGLE3_DECAY)
 _EAGLE3_CHAT_P = 0.775
 _EAGLE3 = {
-    task: AcceptanceCurve(
-        _EAGLE3_CHAT_P * curve.p / _EAGLE["chat"].p, EAGLE3_DECAY, anchored=task == "chat"
-    )
+    task: AcceptanceCurve(_EAGLE3_CHAT_P * curve.p / _EAGLE["chat"].p, EAGLE3_DECAY)
     for task, curve in _EAGLE.items()
 }
 _NGRAM = _by_task(chat=0.2853, code=0.5537, summarize=0.2511, math=0.1382, r=1.0)
@@ -88,30 +93,34 @@ def _dflash_by_task() -> dict[str, AcceptanceCurve]:
     # summarize and creative: chat scaled by MTP's task ratios (derived, like the others')
     for task in ("summarize", "creative"):
         p[task] = p["chat"] * _MTP[task].p / _MTP["chat"].p
-    return {t: AcceptanceCurve(p[t], DFLASH_DECAY, anchored=t == "math") for t in TASKS}
+    return {t: AcceptanceCurve(p[t], DFLASH_DECAY) for t in TASKS}
 
 
-_DFLASH = _dflash_by_task()
-
-
-def _unanchored(table: Mapping[str, AcceptanceCurve]) -> dict[str, AcceptanceCurve]:
-    return {task: AcceptanceCurve(c.p, c.r, anchored=False) for task, c in table.items()}
-
-
-ACCEPTANCE: Mapping[str, Mapping[str, AcceptanceCurve]] = {
-    "ngram": _NGRAM,
-    "suffix": _unanchored(_NGRAM),
-    "eagle": _EAGLE,
-    "eagle3": _EAGLE3,
-    "draft_model": _unanchored(_EAGLE3),
-    "mtp": _MTP,
-    "dflash": _DFLASH,
-}
+@functools.cache
+def acceptance_table() -> Mapping[str, Mapping[str, AcceptanceCurve]]:
+    """Method -> task -> published prior (suffix and draft_model unanchored, see above)."""
+    return {
+        "ngram": _NGRAM,
+        "suffix": dict(_NGRAM),
+        "eagle": _EAGLE,
+        "eagle3": _EAGLE3,
+        "draft_model": dict(_EAGLE3),
+        "mtp": _MTP,
+        "dflash": _dflash_by_task(),
+    }
 
 
 def acceptance_curve(method: str, task: str) -> AcceptanceCurve:
-    if method not in ACCEPTANCE:
-        raise ConfigError("method", method, " | ".join(ACCEPTANCE))
+    """The published prior of `method` on `task`; ConfigError names an unknown one."""
+    table = acceptance_table()
+    if method not in table:
+        raise ConfigError("method", method, " | ".join(table))
     if task not in TASKS:
         raise ConfigError("task", task, " | ".join(TASKS))
-    return ACCEPTANCE[method][task]
+    return table[method][task]
+
+
+def prior_curves(configs: Iterable[SpecConfig], task: str = "chat") -> dict[str, AcceptanceCurve]:
+    """Each speculative config's method -> its published prior on `task` (what
+    `TunerState.initial` starts from)."""
+    return {c.method: acceptance_curve(c.method, task) for c in configs if c.speculative}

@@ -1,0 +1,34 @@
+"""The SpecDeployment API's names, in one place: group, version, kind, plural, and the labels
+and annotations SpecPilot writes on the objects it owns.
+
+Contract: constants only. The CRD generator, the kopf handlers, the reconciler, the children
+and the actuator all read these; a name written anywhere else is a bug.
+"""
+
+from __future__ import annotations
+
+GROUP = "specpilot.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "SpecDeployment"
+PLURAL = "specdeployments"
+SINGULAR = "specdeployment"
+SHORT_NAME = "spd"
+
+FINALIZER = f"{GROUP}/finalizer"
+KOPF_ANNOTATION_PREFIX = GROUP
+"""Prefix of kopf's progress and diff-base annotations (the structural status would prune
+kopf's own status fields)."""
+
+CONFIG_ANNOTATION = f"{GROUP}/config"
+"""Pod-template annotation holding the running SpecConfig as JSON."""
+ROLE_LABEL = f"{GROUP}/role"
+ENGINE_LABEL = f"{GROUP}/engine"
+SIDECAR_LABEL = f"{GROUP}/sidecar"
+NAME_LABEL = "app.kubernetes.io/name"
+INSTANCE_LABEL = "app.kubernetes.io/instance"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+APP_NAME = "specpilot"
+MANAGED_BY = "specpilot"
+COMPONENT = "specpilot"
+"""Events' source component."""

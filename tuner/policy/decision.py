@@ -1,0 +1,84 @@
+"""`decide`: one tick of the policy, composed of learn, propose and gate.
+
+Contract: `decide(observation, state, settings, cost, now)` returns a `Decision` and the next
+`TunerState`; pure, `now` is the only clock. It holds (regime "unknown") when `learn` says the
+window lacks what it needs, stays when `propose` finds nothing better or `gate` says not now,
+and otherwise switches (or turns speculation off), restarting the dwell and spending a restart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from specpilot.tuner._model.step_cost import StepCost
+from specpilot.tuner._model.surrogate import Prediction
+from specpilot.tuner.observation import Observation
+from specpilot.tuner.policy.gate import gate, recent_restarts
+from specpilot.tuner.policy.learn import learn
+from specpilot.tuner.policy.propose import acceptance_note, propose
+from specpilot.tuner.policy.settings import TunerSettings
+from specpilot.tuner.spec_config import SpecConfig
+from specpilot.tuner.state import TunerState
+
+Action = Literal["stay", "switch", "off"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Decision:
+    action: Action
+    config: SpecConfig
+    reason: str
+    predicted_gain: float
+    """Relative throughput gain predicted for `config` over the running one (0 when staying)."""
+    regime: str
+    predicted_tokens_per_s: float | None = None
+
+
+def decide(
+    observation: Observation,
+    state: TunerState,
+    settings: TunerSettings,
+    cost: StepCost,
+    now: float,
+) -> tuple[Decision, TunerState]:
+    belief = learn(observation, state, settings, cost, now)
+    if isinstance(belief, str):
+        return _stay(state.current, belief, regime="unknown"), state
+    state, current, batch = belief.state, belief.state.current, belief.batch
+    running, proposal = propose(belief, settings, cost)
+    if proposal is None:
+        best = f"{current.describe()} is predicted best at batch {batch:.1f} ({running.regime})"
+        return _stay(current, best, running.regime, running), state
+    held = gate(proposal, running, belief, settings, cost, now)
+    if held is not None:
+        return _stay(current, held, running.regime, running), state
+    target, predicted = proposal.config, proposal.prediction
+    reason = (
+        f"{proposal.why}: {target.describe()} {proposal.gain:+.1%} over {current.describe()} at "
+        f"batch {batch:.1f} ({running.regime}, {predicted.tokens_per_s:.0f} vs "
+        f"{running.tokens_per_s:.0f} tok/s predicted"
+        f"{acceptance_note(target, predicted.k, state, belief.acceptance)})"
+    )
+    restarts = (*recent_restarts(state, now), now)
+    return Decision(
+        action="switch" if target.speculative else "off",
+        config=target,
+        reason=reason,
+        predicted_gain=proposal.gain,
+        regime=running.regime,
+        predicted_tokens_per_s=predicted.tokens_per_s,
+    ), replace(state, current=target, since_s=now, restarts=restarts)
+
+
+def _stay(
+    current: SpecConfig, reason: str, regime: str, running: Prediction | None = None
+) -> Decision:
+    return Decision(
+        action="stay",
+        config=current,
+        reason=reason,
+        predicted_gain=0.0,
+        regime=regime,
+        predicted_tokens_per_s=None if running is None else running.tokens_per_s,
+    )

@@ -1,0 +1,74 @@
+"""Gate: whether a proposal is worth acting on now.
+
+Contract: `gate(proposal, running, belief, settings, cost, now)` returns the reason to stay, or
+None to act. A move waits out the minimum dwell and the restart budget (restarts in the last
+hour), and must clear the hurdle (hysteresis, or the smaller saturation tolerance at
+max-num-seqs) and pay, over the expected dwell, for the restart: its lost serving (twice for a
+trial that may be undone, weighted by its chance of failing) plus the SLO backlog it leaves.
+Pure: `now` is the only clock.
+"""
+
+from __future__ import annotations
+
+from specpilot.tuner._model.step_cost import StepCost
+from specpilot.tuner._model.surrogate import Prediction
+from specpilot.tuner.policy.costs import backlog_cost, saturating, switch_cost
+from specpilot.tuner.policy.learn import Belief
+from specpilot.tuner.policy.propose import Proposal
+from specpilot.tuner.policy.settings import TunerSettings
+from specpilot.tuner.state import TunerState
+
+RESTART_BUDGET_WINDOW_S = 3600.0
+"""The restart budget counts restarts over this last span (per hour)."""
+
+
+def recent_restarts(state: TunerState, now: float) -> list[float]:
+    """The restarts that count against the budget now."""
+    return [t for t in state.restarts if now - t < RESTART_BUDGET_WINDOW_S]
+
+
+def gate(
+    proposal: Proposal,
+    running: Prediction,
+    belief: Belief,
+    settings: TunerSettings,
+    cost: StepCost,
+    now: float,
+) -> str | None:
+    target, gain = proposal.config.describe(), proposal.gain
+    dwell = now - belief.state.since_s
+    if dwell < settings.min_dwell_s:
+        return (
+            f"{target} predicted {gain:+.1%} but dwell {dwell:.0f}s < "
+            f"minimum {settings.min_dwell_s:.0f}s"
+        )
+    if len(recent_restarts(belief.state, now)) >= settings.restart_budget_per_hour:
+        return (
+            f"{target} predicted {gain:+.1%} but the restart budget "
+            f"({settings.restart_budget_per_hour}/h) is spent"
+        )
+    # A trial that disappoints is undone: it may cost a second restart.
+    restart = switch_cost(running.tokens_per_s, belief.batch, belief.context, cost, settings) * (
+        1.0 + proposal.trial_failure
+    )
+    restart += backlog_cost(
+        proposal.config,
+        belief.throughput,
+        running.tpot_s,
+        belief.surrogate,
+        belief.context,
+        settings,
+    )
+    payoff = proposal.improvement * settings.expected_dwell_s
+    # At max-num-seqs a shortfall is a queue that grows for as long as it lasts, not a
+    # slowdown: the smaller saturation tolerance applies there.
+    hurdle = (
+        settings.saturation_tolerance if saturating(belief.batch, settings) else settings.hysteresis
+    )
+    if gain < hurdle or payoff <= restart:
+        return (
+            f"{target} predicted {gain:+.1%}: below hysteresis "
+            f"{hurdle:.0%} or not worth a restart "
+            f"({payoff:.0f} tokens gained vs {restart:.0f} lost)"
+        )
+    return None

@@ -1,0 +1,89 @@
+"""Learn: fold one window's measurements into the tuner state.
+
+Contract: `learn(observation, state, settings, cost, now)` returns a `Belief` (the next state and
+the surrogate the rest of the tick predicts with) or, when the window lacks the load or the
+throughput it needs, the reason to hold: the tuner never guesses. It blends the running
+method's measured acceptance into its estimate, the traffic's prompt/output ratio and context
+per request, and remembers the window's batch (the load's trend); once the running config has
+served more than a window and a half since its switch, it also learns the residual of measured
+over prior throughput (a window that saw the switch also saw the restart's downtime and
+refill). Pure: `now` is the only clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specpilot.tuner._model.acceptance import AcceptanceCurve
+from specpilot.tuner._model.step_cost import StepCost
+from specpilot.tuner._model.surrogate import Surrogate
+from specpilot.tuner.observation import Observation
+from specpilot.tuner.policy.settings import TunerSettings
+from specpilot.tuner.state import TunerState
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Belief:
+    """What the tuner holds true after this window."""
+
+    state: TunerState
+    batch: float
+    """The window's mean running requests."""
+    throughput: float
+    """The window's measured output tokens/s."""
+    context: float
+    """Context per running request the predictions assume."""
+    acceptance: dict[str, AcceptanceCurve]
+    """Per-method acceptance estimates."""
+    surrogate: Surrogate
+    """The physics prior corrected by the learned residuals, with the estimates' spread."""
+
+
+def learn(
+    observation: Observation,
+    state: TunerState,
+    settings: TunerSettings,
+    cost: StepCost,
+    now: float,
+) -> Belief | str:
+    current = state.current
+    batch = observation.running_requests
+    throughput = observation.generation_tokens_per_s
+    if batch is None or throughput is None or batch <= 0 or throughput <= 0:
+        return (
+            "holding: "
+            + ", ".join(
+                name
+                for name, value in (("batch", batch), ("throughput", throughput))
+                if value is None or value <= 0
+            )
+            + " unknown or idle in this window"
+        )
+
+    state = state.learn_acceptance(current, observation, now).learn_traffic(
+        observation, settings.kv_capacity_tokens
+    )
+    context = state.context_tokens or settings.context_tokens
+    acceptance = state.acceptance_curves()
+    prior = Surrogate(cost, acceptance, prefill_ratio=state.prefill_ratio).prior(
+        current, batch, context
+    )
+    if now - state.since_s > 1.5 * observation.window_s:
+        # A window that saw the switch also saw the restart's downtime and refill: it says
+        # nothing about how fast the new config runs.
+        state = state.learn_throughput(current, batch, throughput / prior.tokens_per_s)
+    surrogate = Surrogate(
+        cost,
+        acceptance,
+        residuals=state.residuals,
+        prefill_ratio=state.prefill_ratio,
+        acceptance_sd=state.acceptance_sd(),
+    )
+    return Belief(
+        state=state.remember_batch(batch),
+        batch=batch,
+        throughput=throughput,
+        context=context,
+        acceptance=acceptance,
+        surrogate=surrogate,
+    )

@@ -1,0 +1,175 @@
+"""Propose: which config would be best now, and why, before asking whether to act.
+
+Contract: `propose(belief, settings, cost)` scores the space (the candidates plus, per method,
+its largest K with a synthesised schedule) with the belief's surrogate at the window's load,
+keeps those predicted to meet the per-token SLO (all of them when none does), and, when the
+load is moving, rescales each by its merit over the dwell ahead (`plan.plan_ahead`). It returns
+the running config's prediction (planned the same way) and a `Proposal`: the best config when
+it is not the running one, or else the trial with the largest expected improvement whose
+downside is bounded; None when neither exists. Pure.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from statistics import NormalDist
+
+from specpilot.tuner._model.acceptance import AcceptanceCurve
+from specpilot.tuner._model.schedule import synthesize_schedule
+from specpilot.tuner._model.step_cost import StepCost
+from specpilot.tuner._model.surrogate import Prediction, Surrogate
+from specpilot.tuner.policy.learn import Belief
+from specpilot.tuner.policy.plan import forecast_batch, plan_ahead
+from specpilot.tuner.policy.settings import TunerSettings
+from specpilot.tuner.spec_config import SpecConfig
+from specpilot.tuner.state import TunerState
+
+_NORMAL = NormalDist()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Proposal:
+    """A config the tuner would move to, with what it expects from the move."""
+
+    config: SpecConfig
+    prediction: Prediction
+    """Its (planned) prediction at the window's load."""
+    improvement: float
+    """Tokens/s over the running config: predicted, or a trial's weighted expected improvement."""
+    gain: float
+    """`improvement` relative to the running config's rate."""
+    trial_failure: float = 0.0
+    """Chance a trial turns out slower (0 when the config is predicted faster on the mean)."""
+    why: str
+    """The reason's opening: predicted faster, or exploring."""
+
+
+def propose(
+    belief: Belief, settings: TunerSettings, cost: StepCost
+) -> tuple[Prediction, Proposal | None]:
+    state, surrogate, batch, context = belief.state, belief.surrogate, belief.batch, belief.context
+    current = state.current
+    space = _space(settings, belief.acceptance, cost, state.prefill_ratio, context)
+    scored = _score(surrogate, space, batch, context, settings)
+    running = surrogate.predict(current, batch, context)
+    forecast = forecast_batch(state.recent_batches, settings)
+    if forecast is not None:
+        scored, current_merit = plan_ahead(
+            scored, surrogate, current, running, forecast, context, cost, settings
+        )
+        # The running config is judged by the same plan: it too may face a restart ahead.
+        running = replace(running, tokens_per_s=running.tokens_per_s * current_merit)
+    best_config, best = max(scored, key=lambda item: item[1].tokens_per_s)
+    if best_config != current:
+        why = "predicted faster"
+        if forecast is not None:
+            why += f" (load heading to batch {forecast:.0f})"
+        return running, Proposal(
+            config=best_config,
+            prediction=best,
+            improvement=best.tokens_per_s - running.tokens_per_s,
+            gain=best.tokens_per_s / running.tokens_per_s - 1.0,
+            why=why,
+        )
+    explore = _explore(scored, current, running, settings)
+    if explore is None:
+        return running, None
+    config, prediction, improvement, trial_failure = explore
+    return running, Proposal(
+        config=config,
+        prediction=prediction,
+        improvement=improvement,
+        gain=improvement / running.tokens_per_s,
+        trial_failure=trial_failure,
+        why=(
+            f"exploring (expected improvement, {trial_failure:.0%} chance it is slower, "
+            f"downside within {settings.max_downside:.0%})"
+        ),
+    )
+
+
+def acceptance_note(
+    config: SpecConfig, k: int, state: TunerState, acceptance: dict[str, AcceptanceCurve]
+) -> str:
+    """', acceptance 3.10+-0.42 (prior)': the length the prediction assumed at this K, its
+    spread (p one sd either way) and whether it was measured."""
+    curve = acceptance.get(config.method)
+    if curve is None or k <= 0:
+        return ""
+    sd = state.acceptance_sd().get(config.method, 0.0)
+    low, high = curve.length_range(k, sd)
+    source = "measured" if config.method in dict(state.acceptance_support) else "prior"
+    return f", acceptance {curve.expected_length(k):.2f}+-{(high - low) / 2:.2f} ({source})"
+
+
+def _space(
+    settings: TunerSettings,
+    acceptance: dict[str, AcceptanceCurve],
+    cost: StepCost,
+    prefill_ratio: float,
+    context: float,
+) -> list[SpecConfig]:
+    space = list(settings.candidates)
+    if settings.synthesize_schedules:
+        by_method: dict[str, SpecConfig] = {}
+        for config in settings.candidates:
+            if config.speculative and config.max_k > by_method.get(config.method, config).max_k:
+                by_method[config.method] = config
+            by_method.setdefault(config.method, config)
+        for config in by_method.values():
+            curve = acceptance.get(config.method)
+            if not config.speculative or curve is None or config.schedule is not None:
+                continue
+            schedule = synthesize_schedule(config, curve, cost, context, prefill_ratio)
+            if schedule is not None:
+                top = max(k for _, _, k in schedule)
+                space.append(replace(config, num_speculative_tokens=top, schedule=schedule))
+    return space
+
+
+def _score(
+    surrogate: Surrogate,
+    space: Sequence[SpecConfig],
+    batch: float,
+    context: float,
+    settings: TunerSettings,
+) -> list[tuple[SpecConfig, Prediction]]:
+    scored = list(zip(space, surrogate.predict_many(space, batch, context), strict=True))
+    if settings.slo_tpot_p95_s is not None:
+        within = [(c, p) for c, p in scored if p.tpot_s <= settings.slo_tpot_p95_s]
+        scored = within or scored  # nothing meets the SLO: keep the fastest, and say so later
+    return scored
+
+
+def _explore(
+    scored: Sequence[tuple[SpecConfig, Prediction]],
+    current: SpecConfig,
+    now_pred: Prediction,
+    settings: TunerSettings,
+) -> tuple[SpecConfig, Prediction, float, float] | None:
+    """The trial most worth making when no config is predicted better on the mean.
+
+    A candidate's throughput is taken as log-normal around its prediction with the surrogate's
+    uncertainty; its expected improvement over the running config (tokens/s, weighted by
+    `exploration`) is what a trial buys. Only candidates whose pessimistic prediction (one sd
+    down) is within `max_downside` of the running config are tried. Returns the config, its
+    prediction, the weighted expected improvement and the chance it turns out slower.
+    """
+    if settings.exploration <= 0:
+        return None
+    floor = (1 - settings.max_downside) * now_pred.tokens_per_s
+    best: tuple[SpecConfig, Prediction, float, float] | None = None
+    for config, pred in scored:
+        sigma = pred.uncertainty
+        if config == current or sigma <= 0 or pred.tokens_per_s * math.exp(-sigma) < floor:
+            continue
+        z = math.log(pred.tokens_per_s / now_pred.tokens_per_s) / sigma
+        improvement = settings.exploration * (
+            pred.tokens_per_s * math.exp(sigma**2 / 2) * _NORMAL.cdf(z + sigma)
+            - now_pred.tokens_per_s * _NORMAL.cdf(z)
+        )
+        if best is None or improvement > best[2]:
+            best = (config, pred, improvement, _NORMAL.cdf(-z))
+    return best

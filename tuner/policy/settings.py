@@ -1,0 +1,49 @@
+"""The policy's settings: the space it searches and the prices and limits it acts under.
+
+Contract: `TunerSettings` is frozen data with a default for every knob but the candidates; the
+policy reads it and never changes it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specpilot.tuner.spec_config import SpecConfig
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TunerSettings:
+    candidates: tuple[SpecConfig, ...]
+    """The space: every allowed config (static K), already filtered by engine capability."""
+    synthesize_schedules: bool = True
+    """Also consider, per method, its largest K with a schedule synthesised from the model."""
+    min_dwell_s: float = 300.0
+    restart_budget_per_hour: int = 4
+    restart_downtime_s: float = 60.0
+    """Capacity lost per switch: a restart (or a rollout's surge) costs this much serving."""
+    expected_dwell_s: float = 900.0
+    """Horizon the gain of a switch is counted over."""
+    hysteresis: float = 0.05
+    """Minimum relative gain to act on, whatever the cost."""
+    saturation_tolerance: float = 0.02
+    """How far below the best a config may be at saturation (max-num-seqs reached): there a
+    capacity shortfall is not a slowdown but a queue that grows for as long as it lasts."""
+    slo_tpot_p95_s: float | None = None
+    """Per-token latency target: configs predicted to break it are not chosen, and a restart
+    pays for the backlog it would serve too slowly. None: throughput alone counts."""
+    slo_ttft_p95_s: float | None = None
+    """Time-to-first-token target: a restart whose downtime exceeds it pays for the requests
+    that wait longer (the tuner does not predict TTFT per config)."""
+    max_downside: float = 0.05
+    window_s: float = 60.0
+    """Seconds between decisions (the spacing of the batches the forecast extrapolates)."""
+    exploration: float = 1.0
+    """Weight on a trial's expected improvement (0 disables exploration)."""
+    max_batch: int = 256
+    """The engine's max-num-seqs: the most concurrent requests a forecast can reach."""
+    context_tokens: float = 1024.0
+    """Mean context per running request, unless the KV usage can tell (kv_capacity_tokens)."""
+    kv_capacity_tokens: int | None = None
+    """KV tokens the engine holds (e.g. `StepCost.kv_capacity_tokens()` for a catalog GPU);
+    with it the context per request is read from the engine's KV usage. None where the
+    capacity is not known (a CPU, a measured fit): context_tokens is used."""
