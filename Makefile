@@ -43,11 +43,14 @@ $(VLLM_VENV)/.installed: tests/contract/vllm-env.txt
 	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
 	touch $@
 
-# SGLang pins CUDA torch 2.14.1 (taken from this machine's local wheel store); everything is
-# pinned in the lock and installed without resolution, sglang itself without its GPU deps.
-$(SGLANG_VENV)/.installed: tests/contract/sglang-env.lock
+# SGLang pins CUDA torch 2.14.1 (taken from this machine's local wheel store; it runs without a
+# GPU); everything is pinned in the locks and installed without resolution, sglang itself without
+# its GPU deps. sglang-serve.lock adds the pure-Python packages a CPU server needs; its CPU
+# kernels come from the test-only stand-in in tests/contract/engine_side/sgl_kernel_standin.
+$(SGLANG_VENV)/.installed: tests/contract/sglang-env.lock tests/contract/sglang-serve.lock
 	$(PYTHON) -m venv $(SGLANG_VENV)
 	$(SGLANG_VENV)/bin/pip install -q --no-deps -r tests/contract/sglang-env.lock 2>&1 | $(QUIET_PIP)
+	$(SGLANG_VENV)/bin/pip install -q --no-deps -r tests/contract/sglang-serve.lock 2>&1 | $(QUIET_PIP)
 	$(SGLANG_VENV)/bin/pip install -q --no-deps sglang==0.5.23 2>&1 | $(QUIET_PIP)
 	touch $@
 

@@ -41,6 +41,9 @@ class MetricSpec:
     combine: Literal["sum", "mean"] = "sum"
     """How one pod's label sets (e.g. vLLM's per-engine-core series) combine: counts add up,
     ratios average."""
+    zero_is_unknown: bool = False
+    """A 0 sample means "not measured yet" (SGLang's acceptance gauges read 0 from startup
+    until a first 40-decode-batch window completes) and is left out of the window's mean."""
 
 
 ENGINE_METRICS: Mapping[str, tuple[MetricSpec, ...]] = {
@@ -57,8 +60,8 @@ ENGINE_METRICS: Mapping[str, tuple[MetricSpec, ...]] = {
         MetricSpec("ttft", "vllm:time_to_first_token_seconds", "histogram"),
     ),
     "sglang": (
-        MetricSpec("accept_length_gauge", "sglang:spec_accept_length", "gauge", "mean"),
-        MetricSpec("accept_rate_gauge", "sglang:spec_accept_rate", "gauge", "mean"),
+        MetricSpec("accept_length_gauge", "sglang:spec_accept_length", "gauge", "mean", True),
+        MetricSpec("accept_rate_gauge", "sglang:spec_accept_rate", "gauge", "mean", True),
         MetricSpec("verify_calls", "sglang:spec_verify_calls_total", "counter"),
         MetricSpec("generation_tokens", "sglang:generation_tokens_total", "counter"),
         MetricSpec("prompt_tokens", "sglang:prompt_tokens_total", "counter"),

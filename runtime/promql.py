@@ -69,7 +69,10 @@ class PromQLReader:
                     resets[key] = resets.get(key, 0.0) + value
             elif spec.kind == "gauge":
                 reduce = "avg" if spec.combine == "mean" else "sum"
-                query = f"{reduce} by ({pod}) (avg_over_time({series}[{window}]))"
+                ranged = f"{series}[{window}]"
+                if spec.zero_is_unknown:  # a subquery keeps only the non-zero samples
+                    ranged = f"({series} > 0)[{window}:]"
+                query = f"{reduce} by ({pod}) (avg_over_time({ranged}))"
                 for labels, value in self.query(query, end):
                     gauges.setdefault(labels.get(pod, ""), {})[spec.key] = value
             else:
@@ -99,4 +102,9 @@ class PromQLReader:
         ]
 
     def _series(self, name: str) -> str:
-        return f"{name}{{{self._selector}}}" if self._selector else name
+        """Both spellings of a name: Prometheus 2.x negotiates OpenMetrics, and prometheus_client
+        (SGLang's /metrics) then escapes ':' to '_' in sample names."""
+        matchers = [f'__name__=~"{name.replace(":", "[:_]")}"']
+        if self._selector:
+            matchers.append(self._selector)
+        return "{" + ", ".join(matchers) + "}"

@@ -113,7 +113,10 @@ def _gauge_mean(spec: MetricSpec, snapshots: Sequence[Snapshot]) -> float | None
         if not series:
             continue
         total = sum(series)
-        values.append(total / len(series) if spec.combine == "mean" else total)
+        value = total / len(series) if spec.combine == "mean" else total
+        if spec.zero_is_unknown and value == 0:
+            continue
+        values.append(value)
     return sum(values) / len(values) if values else None
 
 

@@ -9,7 +9,7 @@ It also publishes the priors (`specpilot.tuner.priors`): per method x task accep
 published numbers, and the task names; the emulator draws its hidden world around them.
 """
 
-from specpilot.tuner._model.acceptance import AcceptanceCurve
+from specpilot.tuner._model.acceptance import AcceptanceCurve, p_for_length
 from specpilot.tuner._model.hardware import (
     GPUS,
     PROFILES,
@@ -66,5 +66,6 @@ __all__ = [
     "decide",
     "get_gpu",
     "get_profile",
+    "p_for_length",
     "prior_curves",
 ]

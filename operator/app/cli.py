@@ -17,7 +17,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from specpilot.operator.app import bench_command, operator_command, run_command, simulate_command
+from specpilot.operator.app import operator_command, run_command, simulate_command
+from specpilot.operator.app.bench import command as bench_command
 from specpilot.operator.app.demo import command as demo_command
 from specpilot.runtime.engine_metrics import observe, observe_per_pod
 from specpilot.runtime.engines import ADAPTERS, LaunchSettings, get_adapter
@@ -158,6 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The engine's own flags follow; argparse must not try to read them.
         return _guarded(lambda: _emulate(args[1:]))
     ns = build_parser().parse_args(args)
+    ns.argv = args  # what the user typed, for result files that record their command
     for name in ("extra_args", "args"):
         value = getattr(ns, name, None)
         if value and value[0] == "--":

@@ -1,4 +1,8 @@
-"""`specpilot simulate`: the emulator's fast mode over a sweep of load, as one JSON object."""
+"""`specpilot simulate`: the emulator's fast mode over a sweep of load, as one JSON object.
+
+`--world-seed S` runs in hidden world S (`specpilot.runtime.emulator.world`) and reports its
+hidden parameters under `world`; the default 0 is the nominal world (truth = priors + catalog).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ import json
 from typing import Any, cast
 
 from specpilot.runtime.emulator.fast_sweep import TASK_SHAPES, simulate
+from specpilot.runtime.emulator.world import draw_world
 from specpilot.runtime.engines import get_adapter
 from specpilot.tuner import (
     DRAFT_WEIGHT_METHODS,
@@ -15,7 +20,6 @@ from specpilot.tuner import (
     ConfigError,
     SpecConfig,
     SpecMethod,
-    StepCost,
 )
 
 
@@ -34,6 +38,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     parser.add_argument("--rps", help="open loop Poisson arrivals, comma-separated")
     parser.add_argument("--duration", type=float, default=120.0, help="simulated seconds")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--world-seed", type=int, default=0, help="hidden world (0: nominal, truth = the priors)"
+    )
     parser.add_argument("--json", action="store_true", help="compact JSON on one line")
     parser.set_defaults(run=run)
 
@@ -59,7 +66,8 @@ def run(ns: argparse.Namespace) -> int:
             method=cast(SpecMethod, ns.method), num_speculative_tokens=ns.k, draft_model=draft
         )
     get_adapter(ns.engine).check(config)
-    perf = StepCost.for_hardware(ns.gpu, ns.model_profile)
+    world = draw_world(ns.world_seed)
+    perf = world.step_cost(ns.gpu, ns.model_profile)  # validates both names
     if (ns.concurrency is None) == (ns.rps is None):
         raise ConfigError("--concurrency/--rps", None, "exactly one of them")
     loads: list[tuple[str, Any]] = (
@@ -69,7 +77,13 @@ def run(ns: argparse.Namespace) -> int:
     )
     points = []
     for kind, value in loads:
-        common = {"performance": perf, "task": ns.task, "duration_s": ns.duration, "seed": ns.seed}
+        common = {
+            "performance": perf,
+            "task": ns.task,
+            "duration_s": ns.duration,
+            "seed": ns.seed,
+            "acceptance": world.acceptance_curve,
+        }
         spec = simulate(config=config, **common, **{kind: value})
         base = simulate(config=SpecConfig(), **common, **{kind: value})
         points.append(
@@ -93,6 +107,7 @@ def run(ns: argparse.Namespace) -> int:
         "config": config.to_dict(),
         "task": ns.task,
         "step_time_model": perf.step_model.source,
+        "world": world.describe(),
         "points": points,
     }
     print(json.dumps(report, separators=(",", ":")) if ns.json else json.dumps(report, indent=2))

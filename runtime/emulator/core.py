@@ -12,14 +12,21 @@ two drivers. Per step, like vLLM's scheduler:
   last chunk yields its first token;
 - acceptance drawn per request-step from the method x task curve;
 - KV growth past capacity preempts the newest request back to the waiting queue (recompute).
+`EngineCore.advance(now, until)` runs the same rules from event to event for fast mode
+(`fast_core`: acceptance drawn ahead per request, steps between events added up with numpy);
+it agrees with `step` in distribution and exactly when acceptance is certain.
 """
 
 from __future__ import annotations
 
 import random
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from specpilot.runtime.emulator.fast_core import FastCore
+from specpilot.runtime.emulator.progress import Progress as Progress
+from specpilot.runtime.emulator.progress import advance_stepwise
 from specpilot.runtime.emulator.sglang_adaptive import SglangAdaptive
 from specpilot.tuner import AcceptanceCurve, SpecConfig, StepCost, acceptance_curve
 
@@ -85,8 +92,12 @@ class EngineCore:
         max_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS,
         kv_capacity_tokens: int | None = None,
         seed: int = 0,
+        acceptance: Callable[[str, str], AcceptanceCurve] = acceptance_curve,
     ) -> None:
+        """`acceptance(method, task)` is the true acceptance the core draws from: the priors by
+        default, a hidden world's `World.acceptance_curve` in benchmarks."""
         self.config = config
+        self._acceptance = acceptance
         self.performance = performance
         self.max_num_seqs = max_num_seqs
         self.max_batched_tokens = max_batched_tokens
@@ -94,10 +105,14 @@ class EngineCore:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.preemptions = 0
+        self.seed = seed
         self._rng = random.Random(seed)
         self._curves: dict[str, AcceptanceCurve] = {}
         # SGLang's own adaptive mode moves K at run time; a schedule or a fixed K does not.
         self._adaptive = SglangAdaptive(config.max_k) if config.engine_adaptive else None
+        # fast mode's event-driven state (`advance`); `step` drops it
+        self._fast: FastCore | None = None
+        self._fast_generation = 0
 
     def add_request(self, request: Request) -> None:
         self.waiting.append(request)
@@ -116,6 +131,7 @@ class EngineCore:
 
     def step(self, now: float) -> StepOutcome | None:
         """Run one step starting at `now`; None when there is nothing to do."""
+        self._fast = None
         self._admit()
         if not self.running:
             return None
@@ -160,6 +176,25 @@ class EngineCore:
         outcome.preempted = self._preempt_over_capacity()
         return outcome
 
+    def advance(self, now: float, until: float) -> tuple[float, Progress]:
+        """Run whole steps from `now` while a step can start before `until`; return the time the
+        last step ended (>= until when a step straddles it; == until when idle) and what
+        happened. Event to event (`fast_core`), except SGLang's own adaptive mode, which moves K
+        after every verify and runs step by step (`advance_stepwise`)."""
+        if self._adaptive is not None:
+            return advance_stepwise(self, now, until)
+        if self._fast is None:
+            self._fast_generation += 1
+            self._fast = FastCore(self, self._fast_generation)
+        return self._fast.advance(now, until)
+
+    def curve_for(self, task: str) -> AcceptanceCurve:
+        """The true acceptance curve of this core's method on `task`."""
+        curve = self._curves.get(task)
+        if curve is None:
+            curve = self._curves[task] = self._acceptance(self.config.method, task)
+        return curve
+
     def _admit(self) -> None:
         used = self.kv_used_tokens
         while self.waiting and len(self.running) < self.max_num_seqs:
@@ -194,7 +229,7 @@ class EngineCore:
         if k > 0:
             curve = self._curves.get(request.task)
             if curve is None:
-                curve = self._curves[request.task] = acceptance_curve(
+                curve = self._curves[request.task] = self._acceptance(
                     self.config.method, request.task
                 )
             accepted = curve.draw(self._rng, k)

@@ -3,18 +3,29 @@
 Contract: an exposition receives every step outcome and every finished request and renders
 Prometheus text with the metric names, types, labels, bucket boundaries and update rules of its
 engine (sources: vllm/v1/metrics/loggers.py and buckets.py; sglang/srt/observability/
-metrics_collector.py):
+metrics_collector.py and managers/scheduler_components/metrics_reporter.py; the SGLang dialect is
+checked against a live SGLang server by tests/contract/test_sglang_server.py):
 - vLLM: gauges refreshed every step; inter-token latency observed once per request per engine
   step (so with speculation it is per step, not per token); spec-decode counters per draft.
-- SGLang: gauges (running, queue, token usage, throughput, accept length/rate, steps) refreshed
-  every SGLANG_WINDOW_STEPS decode steps over that window; inter-token latency per token.
+- SGLang: the scheduler's gauges (labels model_name, engine_type, tp/pp/moe_ep rank) exist from
+  startup at 0. Every SGLANG_WINDOW_STEPS decode batches they are all published: running,
+  queue, token usage, throughput over the window, and acceptance length = (accepted drafts + one
+  token per request per batch) / (requests x batches) in the window, rate, steps, draft tokens.
+  Every prefill batch republishes running (the decode batch), queue, usage and the last
+  throughput (0 once 30 s old); an idle scheduler whose running gauge is stale publishes 0 load.
+  The acceptance gauges keep their last window's value in between and when idle. The tokenizer
+  side (labels model_name, engine_type, is_streaming where SGLang has it) counts prompt and
+  generation tokens and verify calls when a request finishes, and observes inter-token latency
+  per token for streamed requests only (here at the request's end, from its per-step gaps).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import Metric
 
 from specpilot.runtime.emulator.core import EngineCore, Request, StepOutcome
 
@@ -115,6 +126,7 @@ SGLANG_ITL_BUCKETS = (
     8.000,
 )
 SGLANG_WINDOW_STEPS = 40
+SGLANG_THROUGHPUT_STALE_S = 30.0
 
 
 class Exposition(Protocol):
@@ -248,122 +260,186 @@ class VllmExposition(_Latencies):
 
 
 class SglangExposition(_Latencies):
-    def __init__(self, model_name: str) -> None:
+    """SGLang 0.5.23's /metrics, as checked against a live server (tests/contract/
+    test_sglang_server.py): scheduler gauges carry the scheduler's five labels; the tokenizer
+    side's counters and histograms only model_name and engine_type (plus is_streaming on the
+    per-request ones) and move when a request finishes."""
+
+    def __init__(self, model_name: str, max_k: int = 0) -> None:
         self.registry = CollectorRegistry()
-        labels = {
-            "model_name": model_name,
-            "engine_type": "unified",
-            "tp_rank": "0",
-            "pp_rank": "0",
-            "moe_ep_rank": "0",
-        }
-        names = list(labels)
+        tokenizer = {"model_name": model_name, "engine_type": "unified"}
+        scheduler = {**tokenizer, "tp_rank": "0", "pp_rank": "0", "moe_ep_rank": "0"}
+        self._labels = scheduler
+        self._tokenizer_labels = tokenizer
+        self._speculative = max_k > 0
+        names = list(scheduler)
         r = self.registry
-        self._labels = labels
-        self._running = Gauge("sglang:num_running_reqs", "Running requests.", names, registry=r)
-        self._queue = Gauge("sglang:num_queue_reqs", "Queued requests.", names, registry=r)
-        self._usage = Gauge("sglang:token_usage", "Token usage.", names, registry=r)
-        self._throughput = Gauge("sglang:gen_throughput", "Generation tok/s.", names, registry=r)
-        self._accept_length = Gauge(
-            "sglang:spec_accept_length", "Accept length.", names, registry=r
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, names, registry=r)
+
+        self._running = gauge("sglang:num_running_reqs", "The number of running requests.")
+        self._queue = gauge("sglang:num_queue_reqs", "Requests in the waiting queue.")
+        self._usage = gauge("sglang:token_usage", "The token usage.")
+        self._throughput = gauge("sglang:gen_throughput", "The generation throughput (token/s).")
+        self._accept_length = gauge("sglang:spec_accept_length", "Mean acceptance length.")
+        self._accept_rate = gauge("sglang:spec_accept_rate", "Speculative acceptance rate.")
+        self._num_steps = gauge("sglang:spec_num_steps", "Active speculative_num_steps.")
+        self._num_draft_tokens = gauge(
+            "sglang:spec_num_draft_tokens", "Active speculative_num_draft_tokens."
         )
-        self._accept_rate = Gauge("sglang:spec_accept_rate", "Accept rate.", names, registry=r)
-        self._num_steps = Gauge("sglang:spec_num_steps", "Speculative steps.", names, registry=r)
+        streaming = [*tokenizer, "is_streaming"]
         self._generated = Counter(
-            "sglang:generation_tokens", "Generation tokens.", names, registry=r
+            "sglang:generation_tokens", "Generation tokens.", streaming, registry=r
         )
-        self._prompt = Counter("sglang:prompt_tokens", "Prefill tokens.", names, registry=r)
-        self._verify = Counter("sglang:spec_verify_calls", "Verify calls.", names, registry=r)
+        self._prompt = Counter("sglang:prompt_tokens", "Prefill tokens.", streaming, registry=r)
+        self._verify = Counter(
+            "sglang:spec_verify_calls", "Verify calls.", list(tokenizer), registry=r
+        )
         self._itl = Histogram(
             "sglang:inter_token_latency_seconds",
-            "Inter-token latency.",
-            names,
+            "Histogram of inter-token latency in seconds.",
+            list(tokenizer),
             buckets=SGLANG_ITL_BUCKETS,
             registry=r,
         )
-        streaming_names = [*names, "is_streaming"]
         self._ttft = Histogram(
             "sglang:time_to_first_token_seconds",
             "Time to first token.",
-            streaming_names,
+            streaming,
             buckets=SGLANG_TTFT_BUCKETS,
             registry=r,
         )
         self._tpot = Histogram(
             "sglang:request_time_per_output_token_seconds",
             "Per-request TPOT.",
-            streaming_names,
+            streaming,
             buckets=SGLANG_ITL_BUCKETS,
             registry=r,
         )
         self._e2e = Histogram(
             "sglang:e2e_request_latency_seconds",
             "End-to-end latency.",
-            streaming_names,
+            streaming,
             buckets=SGLANG_E2E_BUCKETS,
             registry=r,
         )
+        # the scheduler publishes every gauge once at startup (zeros)
         for metric in (
             self._running,
             self._queue,
             self._usage,
             self._throughput,
-            self._generated,
-            self._prompt,
-            self._itl,
+            self._accept_length,
+            self._accept_rate,
+            self._num_steps,
+            self._num_draft_tokens,
         ):
-            metric.labels(**labels)
-        self._window_steps = 0
+            metric.labels(**scheduler)
+        self._decode_steps = 0
+        self._last_decode_report: float | None = None
+        self._throughput_value = 0.0
+        self._running_value = 0
         self._window_tokens = 0
-        self._window_time = 0.0
+        self._window_request_steps = 0
         self._window_accepted = 0
-        self._window_drafts = 0
         self._window_draft_tokens = 0
         self._last_emit: dict[str, float] = {}
+        self._verifies: dict[str, int] = {}
+        self._intervals: dict[str, list[tuple[float, int]]] = {}
 
     def record_step(self, outcome: StepOutcome, core: EngineCore) -> None:
-        lab = self._labels
         end = outcome.start_s + outcome.duration_s
-        emitted = sum(outcome.emitted.values())
-        self._generated.labels(**lab).inc(emitted)
-        self._prompt.labels(**lab).inc(outcome.prefill_tokens)
-        if outcome.drafts:
-            self._verify.labels(**lab).inc(outcome.drafts)
+        if self._last_decode_report is None:
+            self._last_decode_report = outcome.start_s
         for request_id, tokens in outcome.emitted.items():
             previous = self._last_emit.get(request_id)
-            if previous is not None and tokens:
-                for _ in range(tokens):  # SGLang observes per token
-                    self._itl.labels(**lab).observe((end - previous) / tokens)
+            if previous is not None and tokens:  # a decode step (the first token is prefill's)
+                self._intervals.setdefault(request_id, []).append((end - previous, tokens))
+                if outcome.drafts:
+                    self._verifies[request_id] = self._verifies.get(request_id, 0) + 1
             self._last_emit[request_id] = end
-        if not outcome.decode_batch:
-            return
-        self._window_steps += 1
-        self._window_tokens += emitted
-        self._window_time += outcome.duration_s
+        if outcome.prefill_tokens:
+            # every prefill batch republishes load; the throughput decays after 30 s
+            if end - self._last_decode_report > SGLANG_THROUGHPUT_STALE_S:
+                self._throughput_value = 0.0
+            self._publish_load(outcome.decode_batch, core)
+        if outcome.decode_batch:
+            self._decode_window(outcome, core, end)
+        if core.idle and self._running_value != 0:
+            # the idle scheduler republishes as soon as its running gauge is stale
+            self._throughput_value = 0.0
+            self._publish_load(0, core)
+
+    def _decode_window(self, outcome: StepOutcome, core: EngineCore, end: float) -> None:
+        """Every SGLANG_WINDOW_STEPS decode batches: load, throughput and acceptance over the
+        window (SGLang counts accepted drafts plus one token per request per batch)."""
+        self._decode_steps += 1
+        self._window_tokens += outcome.accepted + outcome.decode_batch
+        self._window_request_steps += outcome.decode_batch
         self._window_accepted += outcome.accepted
-        self._window_drafts += outcome.drafts
         self._window_draft_tokens += outcome.draft_tokens
-        if self._window_steps < SGLANG_WINDOW_STEPS:
+        if self._decode_steps % SGLANG_WINDOW_STEPS:
             return
-        self._running.labels(**lab).set(len(core.running))
+        lab = self._labels
+        gap = end - (self._last_decode_report or outcome.start_s)
+        self._last_decode_report = end
+        self._throughput_value = self._window_tokens / max(gap, 1e-9)
+        self._publish_load(outcome.decode_batch, core)
+        length = rate = 0.0
+        steps = drafts = 0
+        if self._speculative:
+            length = self._window_tokens / self._window_request_steps
+            rate = self._window_accepted / max(self._window_draft_tokens, 1)
+            steps, drafts = outcome.k, outcome.k + 1
+        self._accept_length.labels(**lab).set(length)
+        self._accept_rate.labels(**lab).set(rate)
+        self._num_steps.labels(**lab).set(steps)
+        self._num_draft_tokens.labels(**lab).set(drafts)
+        self._window_tokens = self._window_request_steps = 0
+        self._window_accepted = self._window_draft_tokens = 0
+
+    def _publish_load(self, running: int, core: EngineCore) -> None:
+        lab = self._labels
+        self._running_value = running
+        self._running.labels(**lab).set(running)
         self._queue.labels(**lab).set(len(core.waiting))
         self._usage.labels(**lab).set(core.kv_usage)
-        self._throughput.labels(**lab).set(self._window_tokens / max(self._window_time, 1e-9))
-        self._num_steps.labels(**lab).set(outcome.k)
-        if self._window_drafts:
-            self._accept_length.labels(**lab).set(1 + self._window_accepted / self._window_drafts)
-            self._accept_rate.labels(**lab).set(
-                self._window_accepted / max(self._window_draft_tokens, 1)
-            )
-        self._window_steps = self._window_tokens = 0
-        self._window_accepted = self._window_drafts = self._window_draft_tokens = 0
-        self._window_time = 0.0
+        self._throughput.labels(**lab).set(self._throughput_value)
+
+    def render(self) -> bytes:
+        """Like SGLang's multiprocess collector: no `_created` series."""
+        return generate_latest(_WithoutCreated(self.registry))
 
     def record_finished(self, request: Request, streaming: bool) -> None:
-        self._record_latencies({**self._labels, "is_streaming": str(streaming).lower()}, request)
+        tokenizer = self._tokenizer_labels
+        labels = {**tokenizer, "is_streaming": str(streaming).lower()}
+        self._prompt.labels(**labels).inc(request.prompt_tokens)
+        self._generated.labels(**labels).inc(request.generated)
+        verifies = self._verifies.pop(request.request_id, 0)
+        if verifies:
+            self._verify.labels(**tokenizer).inc(verifies)
+        intervals = self._intervals.pop(request.request_id, [])
+        if streaming:  # only streamed chunks reach SGLang's tokenizer one by one
+            for interval, tokens in intervals:
+                for _ in range(tokens):  # per token: the chunk's interval split evenly
+                    self._itl.labels(**tokenizer).observe(interval / tokens)
+        self._record_latencies(labels, request)
+
+
+class _WithoutCreated:
+    """A registry's metric families minus their `_created` samples."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self._registry.collect():
+            family.samples = [s for s in family.samples if not s.name.endswith("_created")]
+            yield family
 
 
 def exposition_for(engine: str, model_name: str, num_positions: int) -> Exposition:
     if engine == "vllm":
         return VllmExposition(model_name, num_positions)
-    return SglangExposition(model_name)
+    return SglangExposition(model_name, max_k=num_positions)

@@ -11,10 +11,11 @@ from __future__ import annotations
 import heapq
 import random
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from specpilot.runtime.emulator.core import EngineCore, Request
-from specpilot.tuner import ConfigError, SpecConfig, StepCost
+from specpilot.tuner import AcceptanceCurve, ConfigError, SpecConfig, StepCost, acceptance_curve
 
 # Typical request shapes per task (prompt, output tokens); drawn +-50% around these. These are
 # workload assumptions of the emulator, not measurements.
@@ -80,11 +81,19 @@ def simulate(
     warmup_s: float = 20.0,
     seed: int = 0,
     max_num_seqs: int = 256,
+    acceptance: Callable[[str, str], AcceptanceCurve] = acceptance_curve,
 ) -> SimResult:
-    """Closed loop with `concurrency` users, or open loop at `rps` requests/s."""
+    """Closed loop with `concurrency` users, or open loop at `rps` requests/s; acceptance is
+    drawn from `acceptance(method, task)` (the priors, or a hidden world's curves)."""
     if (concurrency is None) == (rps is None):
         raise ConfigError("concurrency/rps", (concurrency, rps), "exactly one of them")
-    core = EngineCore(config=config, performance=performance, seed=seed, max_num_seqs=max_num_seqs)
+    core = EngineCore(
+        config=config,
+        performance=performance,
+        seed=seed,
+        max_num_seqs=max_num_seqs,
+        acceptance=acceptance,
+    )
     factory = _RequestFactory(task, seed + 1)
     arrivals = random.Random(seed + 2)
     pending: list[tuple[float, int]] = []  # (time, sequence) of future arrivals

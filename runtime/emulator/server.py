@@ -1,16 +1,20 @@
 """Real-time mode: the emulated engine as an HTTP server that speaks like vLLM or SGLang.
 
 Contract: `serve(argv)` takes the engine's own command line (parsed by the same adapter code
-that renders it, plus SpecPilot's --engine/--gpu/--model-profile/--load-delay/--task/--seed),
-waits the model-load delay (no port is open meanwhile, as with a real engine), then serves
-/health, /v1/models, /v1/completions and /v1/chat/completions (streaming or not) and
-/metrics in that engine's exact metric dialect. One engine loop steps the core and sleeps for
+that renders it, plus SpecPilot's --engine/--gpu/--model-profile/--load-delay/--task/--seed/
+--world-seed), waits the model-load delay (no port is open meanwhile, as with a real engine),
+then serves /health, /v1/models, /v1/completions and /v1/chat/completions (streaming or not)
+and /metrics in that engine's exact metric dialect. One engine loop steps the core and sleeps for
 each step's emulated duration; tokens reach the waiting requests as they are emitted.
 
 With `--require-local-weights` the emulator refuses to start, as vLLM and SGLang do, when the
 target or draft model is a local path (absolute or ./-relative) with nothing there; without it
 (the default) any name is accepted, since the emulator loads no weights. Tests use it to make a
 config really fail at start: a candidate whose draft weights are missing.
+
+`--world-seed S` serves the hidden world S (`specpilot.runtime.emulator.world`): its acceptance,
+step times and start time (the load delay, nominal or given, times the world's start factor);
+the default 0 is the nominal world, whose truth is the priors and the catalog.
 
 Requests may carry `"task"` (chat | code | summarize | math | creative) to pick the
 acceptance curve; otherwise the server's --task applies. Prompt tokens are counted as
@@ -33,6 +37,7 @@ from aiohttp import web
 
 from specpilot.runtime.emulator.core import DEFAULT_MAX_NUM_SEQS, EngineCore, Request
 from specpilot.runtime.emulator.exposition import Exposition, exposition_for
+from specpilot.runtime.emulator.world import draw_world
 from specpilot.runtime.engines import get_adapter
 from specpilot.runtime.engines.base import find_flags, parse_int_flag
 from specpilot.tuner import TASKS, ConfigError, SpecConfig, StepCost
@@ -66,6 +71,8 @@ class EmulatorSettings:
     load_delay_s: float
     default_task: str
     seed: int
+    world_seed: int = 0
+    """The hidden world served (0: nominal, truth = priors and catalog)."""
 
 
 def parse_settings(argv: Sequence[str]) -> EmulatorSettings:
@@ -74,9 +81,17 @@ def parse_settings(argv: Sequence[str]) -> EmulatorSettings:
     own.add_argument("--engine", choices=["vllm", "sglang"], default="vllm")
     own.add_argument("--gpu", default="H100")
     own.add_argument("--model-profile", default="llama-3.1-8b")
-    own.add_argument("--load-delay", type=float, default=None, help="seconds before serving")
+    own.add_argument(
+        "--load-delay",
+        type=float,
+        default=None,
+        help="nominal seconds before serving (the world's start factor scales it)",
+    )
     own.add_argument("--task", default="chat", choices=TASKS)
     own.add_argument("--seed", type=int, default=0)
+    own.add_argument(
+        "--world-seed", type=int, default=0, help="hidden world to serve (0: nominal, the priors)"
+    )
     own.add_argument("--require-local-weights", action="store_true")
     ns, engine_args = own.parse_known_args(list(argv))
     config = get_adapter(ns.engine).parse(engine_args)
@@ -90,9 +105,11 @@ def parse_settings(argv: Sequence[str]) -> EmulatorSettings:
         _require_weights("draft_model", config.draft_model)
     served = found["served"].value if "served" in found else model
     perf = StepCost.for_hardware(ns.gpu, ns.model_profile)  # validates both names
+    world = draw_world(ns.world_seed)  # validates the seed
     load_delay = ns.load_delay
     if load_delay is None:
         load_delay = LOAD_SECONDS_PER_BILLION_PARAMS * perf.profile.params / 1e9
+    load_delay = world.start_time_s(load_delay)
     return EmulatorSettings(
         engine=ns.engine,
         config=config,
@@ -105,6 +122,7 @@ def parse_settings(argv: Sequence[str]) -> EmulatorSettings:
         load_delay_s=load_delay,
         default_task=ns.task,
         seed=ns.seed,
+        world_seed=ns.world_seed,
     )
 
 
@@ -131,11 +149,13 @@ class EmulatedEngine:
 
     def __init__(self, settings: EmulatorSettings) -> None:
         self.settings = settings
+        world = draw_world(settings.world_seed)
         self.core = EngineCore(
             config=settings.config,
-            performance=StepCost.for_hardware(settings.gpu, settings.model_profile),
+            performance=world.step_cost(settings.gpu, settings.model_profile),
             max_num_seqs=settings.max_num_seqs,
             seed=settings.seed,
+            acceptance=world.acceptance_curve,
         )
         self.exposition: Exposition = exposition_for(
             settings.engine, settings.model_name, settings.config.max_k
@@ -338,8 +358,9 @@ async def serve(settings: EmulatorSettings) -> None:
     await site.start()
     print(
         f"specpilot emulator ({settings.engine}, {settings.gpu} x {settings.model_profile}, "
-        f"{settings.config.describe()}) serving {settings.model_name} on "
-        f"http://{settings.host}:{settings.port}",
+        f"{settings.config.describe()}"
+        f"{f', world {settings.world_seed}' if settings.world_seed else ''}) serving "
+        f"{settings.model_name} on http://{settings.host}:{settings.port}",
         flush=True,
     )
     try:

@@ -1,9 +1,8 @@
 """Contract with SGLang 0.5.23: its own argument definitions and speculative checks accept what
 SpecPilot renders, and resolve to the steps / topk / draft tokens / adaptive buckets SpecPilot
-meant. No SGLang server runs here: SGLang is installed without its GPU kernels (sgl-kernel,
-flashinfer), so only its argument layer runs, in-process: `ServerArgs.add_cli_args`,
+meant. Only SGLang's argument layer runs here, in-process: `ServerArgs.add_cli_args`,
 `ServerArgs.from_cli_args`, then `handle_speculative_decoding`, which from_cli_args does not
-call on its own.
+call on its own (a live SGLang server: test_sglang_server.py).
 
 The checks run with `--device cuda`, the deployment target: SGLang's hook refuses DFLASH on any
 other device, which the last test pins."""

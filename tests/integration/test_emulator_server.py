@@ -185,6 +185,9 @@ def test_bad_requests_name_the_field(vllm_emulator: str) -> None:
 def test_sglang_dialect_windowed_gauges(sglang_emulator: str) -> None:
     url = sglang_emulator
     with httpx.Client(timeout=30) as client:
+        # like SGLang, the acceptance gauge reads 0 until a first 40-batch window completes
+        assert "sglang:spec_accept_length{" in client.get(f"{url}/metrics").text
+        load(url, requests=4, concurrency=4, max_tokens=100, chat=True)
         first = fetch_snapshot(client, f"{url}/metrics", time.time())
         load(url, requests=8, concurrency=4, max_tokens=200, chat=True)
         last = fetch_snapshot(client, f"{url}/metrics", time.time())
@@ -194,4 +197,14 @@ def test_sglang_dialect_windowed_gauges(sglang_emulator: str) -> None:
     assert obs.acceptance_length is not None and 2.3 < obs.acceptance_length < 3.3
     assert stats.counters["verify_calls"] > 0
     text = httpx.get(f"{url}/metrics").text
-    assert "sglang:spec_num_steps" in text and "sglang:inter_token_latency_seconds_bucket" in text
+    assert "sglang:spec_num_steps" in text
+    # like SGLang 0.5.23, inter-token latency only for streamed requests
+    assert "sglang:inter_token_latency_seconds_bucket" not in text
+    body = {"model": "llama", "prompt": "word " * 50, "max_tokens": 20, "stream": True}
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=30) as response:
+        response.raise_for_status()
+        response.read()
+    text = httpx.get(f"{url}/metrics").text
+    assert 'sglang:inter_token_latency_seconds_count{engine_type="unified",model_name="llama"}' in (
+        text
+    )

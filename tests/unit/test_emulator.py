@@ -8,8 +8,10 @@ import pytest
 from specpilot.runtime.emulator.calibration_checks import (
     KNOWN_GAPS,
     TOLERANCE,
+    Row,
     calibration_rows,
     crossover,
+    evidence_summary,
 )
 from specpilot.runtime.emulator.core import EngineCore, Request
 from specpilot.runtime.emulator.fast_sweep import simulate
@@ -103,14 +105,42 @@ def test_speedup_falls_with_load_and_crosses_one_between_64_and_256() -> None:
     assert curve[1] > 2.0 and curve[64] > 1.0 > curve[256]
 
 
-def test_calibration_against_published_numbers() -> None:
-    rows = calibration_rows()
+@pytest.fixture(scope="module")
+def rows() -> list[Row]:
+    return calibration_rows()
+
+
+def test_calibration_against_published_numbers(rows: list[Row]) -> None:
     assert len(rows) >= 20
     for row in rows:
         if row.key in KNOWN_GAPS:
             assert abs(row.relative_error) > TOLERANCE, f"{row.key} closed: update KNOWN_GAPS"
         else:
             assert abs(row.relative_error) <= TOLERANCE, row.to_dict()
+
+
+def test_every_calibration_row_says_whether_it_is_evidence(rows: list[Row]) -> None:
+    """Fitted rows name the parameter solved from their number; only independent rows are
+    evidence. Which rows are independent is pinned, so a reclassification is deliberate."""
+    for row in rows:
+        assert row.kind in ("fitted", "independent"), row.key
+        assert row.to_dict()["kind"] == row.kind
+        if row.kind == "fitted":
+            assert row.fitted and len(row.fitted.split()) >= 3, row.key
+        else:
+            assert row.fitted is None, row.key
+    independent = {row.key for row in rows if row.kind == "independent"}
+    assert independent == {"eagle3-llama8b-h100-c1-base", "dflash-qwen3-8b-b200-c32-speedup"}
+    summary = evidence_summary(rows)
+    assert summary["independent"] == len(independent)
+    assert summary["fitted"] == len(rows) - len(independent)
+    assert summary["independent_within_tolerance"] == sum(
+        abs(row.relative_error) <= TOLERANCE for row in rows if row.kind == "independent"
+    )
+    with pytest.raises(ValueError, match="names its parameter"):
+        Row("k", "w", "s", 1.0, 1.0, "fitted")
+    with pytest.raises(ValueError, match="names its parameter"):
+        Row("k", "w", "s", 1.0, 1.0, "independent", "p")
 
 
 def test_unknown_task_is_a_named_error() -> None:

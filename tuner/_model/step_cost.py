@@ -16,6 +16,10 @@ piecewise CUDA graphs) slows every step: vLLM issue 49548 measured +6.6% TPOT at
 rising to +21.6% at 189 for a schedule that drafts nothing, against a plain server. The
 emulator applies that measured overhead, interpolated in log batch size, to every
 speculative step (an assumption for configs without a schedule, where it was not measured).
+
+`spec_path_scale` and `draft_cost_scale` (default 1: the published numbers above, which is what
+the tuner uses) scale the spec-path overhead fractions and the drafting time; the emulator's
+hidden worlds (`specpilot.runtime.emulator.world`) set them to make a truth the tuner is not told.
 """
 
 from __future__ import annotations
@@ -45,6 +49,10 @@ class StepCost:
     step_model: StepTimeModel
     profile: ModelProfile
     gpu: Gpu
+    spec_path_scale: float = 1.0
+    """Multiplies the spec-decode path's overhead fractions (SPEC_PATH_OVERHEAD_POINTS)."""
+    draft_cost_scale: float = 1.0
+    """Multiplies the drafting time of every method that drafts on the GPU."""
 
     def kv_capacity_tokens(self, memory_utilization: float = 0.9) -> int:
         """KV tokens that fit beside the weights (vLLM's default memory utilisation: 0.9)."""
@@ -100,9 +108,9 @@ class StepCost:
                 + fraction * self.step_model.per_token_s * tokens
                 + kv_s
                 + (DRAFT_PASS_OVERHEAD_S)
-            )
+            ) * self.draft_cost_scale
         one_pass = weights_s + fraction * self.step_model.per_token_s * batch + kv_s
-        return k * (one_pass + DRAFT_PASS_OVERHEAD_S)
+        return k * (one_pass + DRAFT_PASS_OVERHEAD_S) * self.draft_cost_scale
 
     def serving_step_time(
         self,
@@ -138,5 +146,5 @@ class StepCost:
         verify = self.step_model.step_time(tokens, kv_tokens)
         if method == "none":
             return verify
-        verify *= 1.0 + spec_path_overhead(decode_batch)
+        verify *= 1.0 + spec_path_overhead(decode_batch) * self.spec_path_scale
         return verify + self.draft_time(method, k, decode_batch, kv_tokens)

@@ -4,14 +4,19 @@ Contract: runs the emulator (H100 x Llama-3.1-8B, vLLM dialect, default) in real
 process behind the local actuator, the full `ControlLoop` with the tuner from speculation off,
 and a load generator that replays a compressed day (quiet -> busy past saturation -> chat ->
 code -> RAG -> quiet; or `--trace FILE`, stretched to `--duration`) as real HTTP requests. A live
-view shows every tick. At the end it replays the same trace and request sequence in fast mode
-for every static config and writes `summary.md`, `summary.json` and `plot.png` to `--out`, and
-prints the summary. The engine process is stopped on every exit path (SIGTERM included).
+view shows every tick. Meanwhile (at the lowest CPU priority) the same requests run in fast
+mode through the bench's `run_policy` on the nominal world with the demo's timings: every static
+config, vLLM's EAGLE-3 table and SpecPilot through the same `ControlLoop` (demo/report.py). At
+the end it writes `summary.md`, `summary.json` and `plot.png` to `--out`, and prints the
+summary. The engine process is stopped on every exit path (SIGTERM included).
 
 Timing: the traffic is compressed (a day's shape in ~3 minutes), and so is the tuner's timing:
 production-like defaults (10 s windows, 300 s minimum dwell, 60 s restarts, 900 s expected
 dwell) become 5 s, 15 s, ~3 s and 45 s here. The physics (step times, acceptance) is not
 compressed. The restart budget counts per hour, longer than the demo: it caps the whole run.
+The real-time loop and the fast-mode SpecPilot are built by the same `control_loop(setup, ...)`
+(operator/app/bench/run.py), so they run the same settings (the operator's goodput rollback
+included); the fast-mode engine starts in the nominal restart time (load delay + ~1 s).
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from specpilot.operator.app.bench_command import SPACE
+from specpilot.operator.app.bench.run import Setup, Tuning, control_loop
+from specpilot.operator.app.bench.traffic import requests_from_rates
 from specpilot.operator.app.demo.actuator import RecordingActuator, Switch
 from specpilot.operator.app.demo.live_view import Frame, LiveView
 from specpilot.operator.app.demo.load import LoadGenerator, plan_requests
@@ -46,14 +52,7 @@ from specpilot.runtime.emulator.core import Request
 from specpilot.runtime.engines import LaunchSettings
 from specpilot.runtime.local_engine import LocalEngine
 from specpilot.runtime.traces import Trace, TraceRow, load_trace, parse_trace
-from specpilot.tuner import (
-    ConfigError,
-    SpecConfig,
-    StepCost,
-    TunerSettings,
-    TunerState,
-    prior_curves,
-)
+from specpilot.tuner import ConfigError, SpecConfig
 
 # A day's shape in 180 s: night, morning ramp, a busy peak past saturation (~50 req/s of chat
 # saturates the emulated H100 with this model), then a moderate afternoon whose task mix moves
@@ -140,16 +139,24 @@ def _raise_exit(signum: int, _frame: FrameType | None) -> None:
 def run(ns: argparse.Namespace) -> int:
     trace = load_trace(ns.trace) if ns.trace else parse_trace(DEMO_DAY, "demo-day")
     trace = stretch(trace, ns.duration)
-    cost = StepCost.for_hardware(ns.gpu, ns.model_profile)
-    priors = prior_curves(SPACE)
-    settings = TunerSettings(
-        candidates=SPACE,
-        min_dwell_s=ns.min_dwell,
-        restart_budget_per_hour=ns.restart_budget,
-        restart_downtime_s=ns.load_delay + 1.0,  # the load delay plus ~1 s of process start
-        expected_dwell_s=3 * ns.min_dwell,
-        slo_tpot_p95_s=ns.slo_tpot_ms / 1e3,
-        kv_capacity_tokens=cost.kv_capacity_tokens(),
+    # The requests the load generator sends (plan_requests draws the same sequence).
+    bench_setup = Setup(
+        gpu=ns.gpu,
+        profile=ns.model_profile,
+        engine="vllm",
+        requests=requests_from_rates(trace, ns.seed),
+        duration_s=trace.duration_s,
+        window_s=ns.window,
+        replicas=1,
+        rollout="restart",  # one engine process, stopped and started per switch
+        seed=ns.seed,
+        tuning=Tuning(
+            start_s=ns.load_delay + 1.0,  # the load delay plus ~1 s of process start
+            min_dwell_s=ns.min_dwell,
+            restart_budget_per_hour=ns.restart_budget,
+            expected_dwell_s=3 * ns.min_dwell,
+            slo_tpot_p95_s=ns.slo_tpot_ms / 1e3,
+        ),
     )
     out = Path(ns.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -173,32 +180,14 @@ def run(ns: argparse.Namespace) -> int:
         return time.monotonic() - origin[0]
 
     actuator = RecordingActuator(engine=engine, clock=clock)
-    # The fast-mode baselines replay in a separate process at the lowest CPU priority while
+    # The fast-mode runs go on in a separate process at the lowest CPU priority while
     # the real-time run goes on: they use the cores the run leaves idle, not its share.
     pool = multiprocessing.get_context("spawn").Pool(1, initializer=os.nice, initargs=(19,))
-    baselines = pool.apply_async(
-        fast_mode_results,
-        (trace,),
-        {
-            "cost": cost,
-            "settings": settings,
-            "priors": priors,
-            "initial": SpecConfig(),
-            "window_s": ns.window,
-            "slo_s": ns.slo_tpot_ms / 1e3,
-            "seed": ns.seed,
-        },
-    )
+    baselines = pool.apply_async(fast_mode_results, (bench_setup,))
     previous = signal.signal(signal.SIGTERM, _raise_exit)
     try:
         view.message(f"starting the emulator ({ns.gpu} x {ns.model_profile}, vLLM) ...")
-        loop = ControlLoop(
-            actuator=actuator,
-            settings=settings,
-            cost=cost,
-            state=TunerState.initial(SpecConfig(), 0.0, priors),
-            window_s=ns.window,
-        )
+        loop = control_loop(bench_setup, actuator)
         loop.start()
         origin[0] = time.monotonic()  # the trace starts once the first engine serves
         actuator.switches[:] = [Switch(0.0, 0.0, loop.state.current)]
@@ -207,7 +196,7 @@ def run(ns: argparse.Namespace) -> int:
         ticks = asyncio.run(_live(loop, generator, planned, trace, view, actuator, origin[0]))
         actuator.close()
         view.close()
-        view.message("real-time run done; collecting the fast-mode replays of the statics ...")
+        view.message("real-time run done; collecting the fast-mode runs ...")
         fast = baselines.get()
     except KeyboardInterrupt:
         view.message("interrupted")
@@ -216,6 +205,7 @@ def run(ns: argparse.Namespace) -> int:
         actuator.close()
         pool.terminate()
         signal.signal(signal.SIGTERM, previous)
+    tuning = bench_setup.tuning
     setup = {
         "gpu": ns.gpu,
         "model_profile": ns.model_profile,
@@ -225,17 +215,19 @@ def run(ns: argparse.Namespace) -> int:
         "seed": ns.seed,
         "slo_tpot_ms": ns.slo_tpot_ms,
         "window_s": ns.window,
-        "min_dwell_s": settings.min_dwell_s,
-        "expected_dwell_s": settings.expected_dwell_s,
-        "restart_downtime_s": settings.restart_downtime_s,
-        "restart_budget": settings.restart_budget_per_hour,
+        "min_dwell_s": tuning.min_dwell_s,
+        "expected_dwell_s": tuning.expected_dwell_s,
+        "restart_downtime_s": tuning.start_s,
+        "restart_budget": tuning.restart_budget_per_hour,
         "load_delay_s": ns.load_delay,
         # The real-time emulator sleeps through each step: on an oversubscribed host it wakes
         # late and falls behind its physics, so the host's load is part of the result.
         "host_cpus": os.cpu_count(),
         "host_load_avg_1m_end": round(os.getloadavg()[0], 2),
     }
-    realtime = realtime_row(generator.stats, actuator.tpot, actuator.switches, trace.duration_s)
+    realtime = realtime_row(
+        generator.stats, planned, actuator.tpot, actuator.switches, trace.duration_s
+    )
     summary = build_summary(
         setup=setup,
         fast=fast,
@@ -244,13 +236,13 @@ def run(ns: argparse.Namespace) -> int:
         switches=actuator.switches,
         load=generator.stats,
     )
-    nospec = next(r for r in fast if r.name == SpecConfig().describe())
+    nospec = next(r for r in fast if r["policy"] == SpecConfig().describe())
     plot_run(
         out / "plot.png",
         trace=trace,
         ticks=ticks,
         switches=actuator.switches,
-        reference=("no speculation", nospec.window_goodput, ns.window),
+        reference=("no speculation", nospec["window_goodput_tok_s"], ns.window),
     )
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     markdown = summary_markdown(summary)

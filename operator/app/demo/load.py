@@ -1,16 +1,18 @@
 """The demo's load generator: a trace's Poisson arrivals as real OpenAI /v1/completions requests.
 
 Contract: `plan_requests(trace, seed)` draws the request sequence (arrival time, task, prompt and
-output lengths) with the very generator and call order of the fast-mode replay
-(`runtime/emulator/fast_replay.py`), so a real-time run and a fast-mode replay with the same seed
-serve the same requests. `LoadGenerator.run(...)` sends each request at its arrival time
-(seconds after `start`, a `time.monotonic()` value) and waits for the whole answer (no
-streaming: one response per request keeps the client cheap on two cores). The client is
-aiohttp's, not httpx's: at 50 requests/s here httpx's AsyncClient spent ~12 ms of CPU per
-request against ~1.6 ms for aiohttp, and fell behind the schedule. A request that fails
-in transport (the engine is restarting: refused or reset connections) is sent again until it
-succeeds or the trace ends, as a client behind a load balancer would; its latency counts from
-the first arrival. Requests unfinished at the end are cancelled and not counted, as in fast mode.
+output lengths) with the very draws and call order of the bench's fast-mode traffic
+(`runtime/emulator/arrivals.py`, as operator/app/bench/traffic.py uses them), so a real-time run
+and a fast-mode run with the same seed serve the same requests. `LoadGenerator.run(...)` sends
+each request at its arrival time (seconds after `start`, a `time.monotonic()` value) and waits
+for the whole answer (no streaming: one response per request keeps the client cheap on two
+cores). The client is aiohttp's, not httpx's: at 50 requests/s here httpx's AsyncClient spent
+~12 ms of CPU per request against ~1.6 ms for aiohttp, and fell behind the schedule. A request
+that fails in transport (the engine is restarting: refused or reset connections) is sent
+again until it succeeds or the trace ends, as a client behind a load balancer would; its
+latency counts from the first arrival. Requests unfinished at the end are cancelled; the
+demo's report counts them as misses that waited until the end, as fast mode does
+(runtime/serving_metrics.py).
 """
 
 from __future__ import annotations
@@ -22,11 +24,10 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from specpilot.runtime.emulator.core import Request
-
-# The fast-mode replay's own arrival and request draws: reusing them (rather than a copy) is
+# The fast-mode traffic's own arrival and request draws: reusing them (rather than a copy) is
 # what makes both modes see the identical request sequence for a seed.
-from specpilot.runtime.emulator.fast_replay import draw_arrival, draw_request
+from specpilot.runtime.emulator.arrivals import draw_arrival, draw_request
+from specpilot.runtime.emulator.core import Request
 from specpilot.runtime.traces import Trace
 
 RETRY_DELAY_S = 0.25

@@ -1,0 +1,126 @@
+"""The policies the bench compares, by name, and the offline-tuned K schedule.
+
+Contract: `baselines(engine, cost)` returns the fixed policies of the space for an engine, each
+a `StaticPolicy(name, config)`: `no-spec`, `static:<config>` for every config of the space the
+engine runs, the engine's own baseline (`vllm-eagle3-table`: vLLM's documented EAGLE-3
+per-batch table; `sglang-adaptive`: SGLang's default adaptive buckets starting at K=3) and
+`tuned-schedule`. `SPECPILOT` and `HINDSIGHT` name the two policies that are not fixed configs:
+the tuner through the control loop, and the hindsight reference (the best static config per
+window, switched for free), which is computed from the statics' runs, not run itself.
+
+`tuned_schedule(cost, method)` tunes a per-batch-size K table offline the way vLLM's
+`benchmarks/sweep/tune_speculative_k.py` does: for each batch size of a grid, run every K
+(0..max) several times at that concurrency, take the median tokens/s less its median absolute
+deviation (a penalty for noisy K), keep the best K, and merge equal neighbours into
+`[start, end, K]` tiers. It is measured once, on the nominal world (the one a user would tune
+on), and then run unchanged in every world.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from functools import cache
+
+from specpilot.runtime.emulator.fast_sweep import simulate
+from specpilot.runtime.engines import get_adapter
+from specpilot.tuner import SpecConfig, SpecMethod, StepCost
+
+DRAFT = "emulated-eagle3-draft"
+SPECPILOT = "specpilot"
+HINDSIGHT = "hindsight"
+NO_SPEC = "no-spec"
+VLLM_EAGLE3_TABLE = SpecConfig(
+    method="eagle3",
+    num_speculative_tokens=5,
+    draft_model=DRAFT,
+    schedule=((1, 16, 5), (17, 32, 4), (33, 64, 3), (65, 128, 1), (129, 1024, 0)),
+)
+SGLANG_DEFAULT_ADAPTIVE = SpecConfig(
+    method="eagle3", num_speculative_tokens=3, draft_model=DRAFT, engine_adaptive=True
+)
+SPACE = (
+    SpecConfig(),
+    *(
+        SpecConfig(method="eagle3", num_speculative_tokens=k, draft_model=DRAFT)
+        for k in range(1, 6)
+    ),
+    SpecConfig(method="ngram", num_speculative_tokens=3),
+)
+TUNE_BATCHES = (1, 4, 16, 32, 64, 128, 256)
+TUNE_REPEATS = 3
+TUNE_MAX_K = 5
+
+
+@dataclass(frozen=True, slots=True)
+class StaticPolicy:
+    name: str
+    config: SpecConfig
+
+
+def space_for(engine: str) -> tuple[SpecConfig, ...]:
+    adapter = get_adapter(engine)
+    runs: list[SpecConfig] = []
+    for config in SPACE:
+        try:
+            adapter.check(config)
+        except ValueError:
+            continue
+        runs.append(config)
+    return tuple(runs)
+
+
+def baselines(engine: str, cost: StepCost) -> list[StaticPolicy]:
+    space = space_for(engine)
+    policies = [
+        StaticPolicy(NO_SPEC if not c.speculative else f"static:{c.describe()}", c) for c in space
+    ]
+    if engine == "vllm":
+        policies.append(StaticPolicy("vllm-eagle3-table", VLLM_EAGLE3_TABLE))
+    else:
+        policies.append(StaticPolicy("sglang-adaptive", SGLANG_DEFAULT_ADAPTIVE))
+    policies.append(StaticPolicy("tuned-schedule", tuned_schedule(cost, engine)))
+    return policies
+
+
+@cache
+def tuned_schedule(cost: StepCost, engine: str, method: SpecMethod = "eagle3") -> SpecConfig:
+    """vLLM's offline K tuning over the grid, on `cost` (the nominal world)."""
+    best_k: list[int] = []
+    for batch in TUNE_BATCHES:
+        scores: dict[int, float] = {}
+        for k in range(TUNE_MAX_K + 1):
+            config = (
+                SpecConfig(method=method, num_speculative_tokens=k, draft_model=DRAFT)
+                if k
+                else SpecConfig()
+            )
+            runs = [
+                simulate(
+                    config=config,
+                    performance=cost,
+                    concurrency=batch,
+                    duration_s=30.0,
+                    warmup_s=5.0,
+                    seed=seed,
+                ).tokens_per_s
+                for seed in range(TUNE_REPEATS)
+            ]
+            median = statistics.median(runs)
+            spread = statistics.median(abs(r - median) for r in runs)
+            scores[k] = median - spread
+        best_k.append(max(scores, key=lambda k: (scores[k], -k)))
+    tiers: list[tuple[int, int, int]] = []
+    for i, (batch, k) in enumerate(zip(TUNE_BATCHES, best_k, strict=True)):
+        start = 1 if i == 0 else TUNE_BATCHES[i - 1] + 1
+        end = batch if i < len(TUNE_BATCHES) - 1 else 1024
+        if tiers and tiers[-1][2] == k:
+            tiers[-1] = (tiers[-1][0], end, k)
+        else:
+            tiers.append((start, end, k))
+    top = max(best_k)
+    if top == 0:
+        return SpecConfig()
+    return SpecConfig(
+        method=method, num_speculative_tokens=top, draft_model=DRAFT, schedule=tuple(tiers)
+    )

@@ -1,0 +1,179 @@
+"""One policy in one hidden world on one traffic: the fast-mode run behind `specpilot bench`.
+
+Contract: `run_policy(setup, world_seed, policy)` builds the world's truth (acceptance and step
+cost drawn by `runtime/emulator/world.py`, never shown to the tuner), an `EmulatedDeployment`
+of `setup.replicas` replicas serving the setup's requests, and drives it for the traffic's
+duration: a static policy just serves (one observed window after another); SpecPilot runs the
+operator's own `ControlLoop` (goodput rollback, failed-config backoff) with the tuner knowing
+only what a user's cluster would tell it: the published priors, the GPU catalog's nominal
+roofline, the nominal restart time, and its measurements. Returns a `PolicyRun`: every request
+(for the serving metrics), the config and each window's requests, restarts and the tuner's
+decisions. Pure of wall time: the same inputs give the same run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from specpilot.operator.app.bench.policies import SPECPILOT, StaticPolicy, space_for
+from specpilot.operator.app.bench.traffic import RequestTemplate
+from specpilot.operator.loop import Actuator, ControlLoop
+from specpilot.runtime.emulator.core import Request
+from specpilot.runtime.emulator.deployment import EmulatedDeployment, Rollout
+from specpilot.runtime.emulator.world import draw_world
+from specpilot.runtime.serving_metrics import NO_GAPS, ItlCounts, RequestRecord
+from specpilot.tuner import (
+    Observation,
+    SpecConfig,
+    StepCost,
+    TunerSettings,
+    TunerState,
+    prior_curves,
+)
+
+NOMINAL_START_S = 60.0
+"""The engine start (or restart) time the tuner assumes; each world draws its own truth."""
+GOODPUT_TOLERANCE = 0.25
+"""As the operator's tuning daemon (operator/kube/tuning_daemon.py)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Tuning:
+    """What a SpecDeployment's tuning section and the engine's start time would set. The
+    defaults are the bench's (production-like); the demo compresses them (`specpilot demo`)."""
+
+    start_s: float = NOMINAL_START_S
+    """The nominal engine start (and restart) time: the tuner's restart cost, and the
+    emulated engines' start time before the world's factor."""
+    min_dwell_s: float = 120.0
+    restart_budget_per_hour: int = 4
+    expected_dwell_s: float = 600.0
+    slo_tpot_p95_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Setup:
+    gpu: str
+    profile: str
+    engine: str
+    requests: tuple[RequestTemplate, ...]
+    duration_s: float
+    window_s: float = 60.0
+    replicas: int = 1
+    rollout: Rollout = "surge"
+    seed: int = 0
+    tuning: Tuning = Tuning()
+
+
+@dataclass(slots=True)
+class PolicyRun:
+    policy: str
+    world_seed: int
+    records: list[RequestRecord]
+    restarts: int
+    configs_by_window: list[str] = field(default_factory=list)
+    decisions: list[str] = field(default_factory=list)
+    observations: list[tuple[float, Observation]] = field(default_factory=list)
+    """(tick time, what the tuner saw) per tick (SpecPilot only)."""
+    itl: ItlCounts = NO_GAPS
+
+
+def run_policy(setup: Setup, world_seed: int, policy: StaticPolicy | str) -> PolicyRun:
+    world = draw_world(world_seed)
+    truth = world.step_cost(setup.gpu, setup.profile)
+    initial = policy.config if isinstance(policy, StaticPolicy) else SpecConfig()
+    name = policy.name if isinstance(policy, StaticPolicy) else policy
+    deployment = EmulatedDeployment(
+        config=initial,
+        cost=truth,
+        acceptance=world.acceptance_curve,
+        arrivals=_arrivals(setup.requests),
+        engine=setup.engine,
+        replicas=setup.replicas,
+        rollout=setup.rollout,
+        start_time_s=world.start_time_s(setup.tuning.start_s),
+        seed=setup.seed,
+    )
+    configs: list[str] = []
+    decisions: list[str] = []
+    observations: list[tuple[float, Observation]] = []
+    if name == SPECPILOT:
+        loop = control_loop(setup, deployment)
+        while deployment.now < setup.duration_s:
+            window_start = deployment.now
+            record = loop.tick(deployment.now)
+            observations.append((window_start, record.observation))
+            configs.append(deployment.config.describe())
+            if record.decision.action != "stay" or record.error:
+                decisions.append(f"t={window_start:.0f}s {record.error or record.decision.reason}")
+    else:
+        while deployment.now < setup.duration_s:
+            deployment.observe(min(setup.window_s, setup.duration_s - deployment.now))
+            configs.append(deployment.config.describe())
+    deployment.drain_arrivals()
+    end = max(setup.duration_s, deployment.now)
+    return PolicyRun(
+        policy=name,
+        world_seed=world_seed,
+        records=[_record(r, end) for r in deployment.records()],
+        restarts=deployment.restarts,
+        configs_by_window=configs,
+        decisions=decisions,
+        observations=observations,
+        itl=deployment.itl.compact(),
+    )
+
+
+def tuner_settings(setup: Setup, nominal: StepCost) -> TunerSettings:
+    """What the operator would configure from a SpecDeployment with the bench's space and
+    `setup.tuning`: the nominal restart time (not the world's), the catalog's KV capacity."""
+    tuning = setup.tuning
+    return TunerSettings(
+        candidates=space_for(setup.engine),
+        min_dwell_s=tuning.min_dwell_s,
+        restart_budget_per_hour=tuning.restart_budget_per_hour,
+        restart_downtime_s=tuning.start_s,
+        expected_dwell_s=tuning.expected_dwell_s,
+        slo_tpot_p95_s=tuning.slo_tpot_p95_s,
+        window_s=setup.window_s,
+        kv_capacity_tokens=nominal.kv_capacity_tokens(),
+    )
+
+
+def control_loop(setup: Setup, actuator: Actuator) -> ControlLoop:
+    """The operator's ControlLoop as the bench runs it: nominal priors and roofline only."""
+    nominal = StepCost.for_hardware(setup.gpu, setup.profile)
+    settings = tuner_settings(setup, nominal)
+    state = TunerState.initial(SpecConfig(), 0.0, prior_curves(settings.candidates))
+    return ControlLoop(
+        actuator=actuator,
+        settings=settings,
+        cost=nominal,
+        state=state,
+        window_s=setup.window_s,
+        goodput_tolerance=GOODPUT_TOLERANCE,
+    )
+
+
+def _arrivals(templates: tuple[RequestTemplate, ...]) -> Iterator[Request]:
+    for number, t in enumerate(templates):
+        yield Request(
+            request_id=f"r{number}",
+            task=t.task,
+            prompt_tokens=t.prompt_tokens,
+            max_tokens=t.output_tokens,
+            arrival_s=t.arrival_s,
+        )
+
+
+def _record(request: Request, end_s: float) -> RequestRecord:
+    done = request.finished_s is not None
+    return RequestRecord(
+        arrival_s=request.arrival_s,
+        first_token_s=request.first_token_s if done else None,
+        finished_s=request.finished_s if done else None,
+        output_tokens=request.generated if done else 0,
+        failed=not done,
+        given_up_s=None if done else end_s,
+    )

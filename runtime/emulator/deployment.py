@@ -1,0 +1,267 @@
+"""An emulated Deployment in simulated time: N engine replicas behind a balancer, rolled out
+the way Kubernetes rolls a Deployment, driven by the same control loop as the operator.
+
+Contract: `EmulatedDeployment` is an `Actuator` for `specpilot.operator.loop.ControlLoop`
+(`apply(config)`, `observe(window_s)`) whose clock is simulated: `observe` serves the arrivals
+of the next `window_s` seconds and returns the Observation a scrape of every ready replica
+would give (load per engine: the mean over replicas; tokens/s: their sum), and `apply` rolls
+the new config out, serving traffic while it does, and returns when the rollout is done, as
+`KubeActuator.apply` returns when `kubectl rollout status` would. Nothing here sleeps; `now`
+is the simulated time.
+
+- Replicas: `replicas` independent `EngineCore`s; each arrival goes to the ready replica with
+  the fewest outstanding requests (running + waiting; ties to the lowest index), the way a
+  least-outstanding-requests balancer (Envoy's least_request, the Gateway API inference
+  extension) routes. While no replica is ready, arrivals wait at the client and are sent as
+  soon as one is.
+- Rollouts (`rollout`), each replica taking the world's engine start time to become ready:
+  `surge` (maxSurge 1, maxUnavailable 0: a spare GPU): a new replica starts beside the old
+  ones, and only when it is ready is one old replica stopped, N times; `one-at-a-time`
+  (maxSurge 0, maxUnavailable 1): one replica is stopped, then replaced, N times, so N-1 serve
+  meanwhile; `restart`: every replica stops and restarts at once (one replica: today's model).
+- A stopped replica's requests in flight (and those queued on it) are retried by the client
+  from the start on another replica, and keep their original arrival time, so their wait
+  counts in their latency; tokens streamed before the stop are lost to the user.
+- Every request is kept: `records(end_s)` returns them all for the serving metrics, those not
+  finished by `end_s` as failed.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Literal, get_args
+
+from specpilot.runtime.emulator.core import EngineCore, Progress, Request
+from specpilot.runtime.serving_metrics import ItlHistogram
+from specpilot.tuner import AcceptanceCurve, Observation, SpecConfig, StepCost
+
+Rollout = Literal["surge", "one-at-a-time", "restart"]
+ROLLOUTS: tuple[str, ...] = get_args(Rollout)
+AcceptanceSource = Callable[[str, str], AcceptanceCurve]
+
+
+@dataclass(slots=True)
+class _Replica:
+    core: EngineCore
+    ready_at: float
+    clock: float
+    """The end of the replica's last step (steps are atomic, so it can pass an event)."""
+
+    def outstanding(self) -> int:
+        return len(self.core.running) + len(self.core.waiting)
+
+
+@dataclass(slots=True)
+class _WindowTotals:
+    tokens: int = 0
+    prefill_tokens: int = 0
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted: int = 0
+    batch_time: dict[int, float] = field(default_factory=dict)
+    """Per replica id: the integral of its decode batch over the window."""
+
+    def add(self, replica_id: int, progress: Progress) -> None:
+        self.tokens += progress.tokens
+        self.prefill_tokens += progress.prefill_tokens
+        self.drafts += progress.drafts
+        self.draft_tokens += progress.draft_tokens
+        self.accepted += progress.accepted
+        self.batch_time[replica_id] = self.batch_time.get(replica_id, 0.0) + progress.batch_time
+
+
+class EmulatedDeployment:
+    def __init__(
+        self,
+        *,
+        config: SpecConfig,
+        cost: StepCost,
+        acceptance: AcceptanceSource,
+        arrivals: Iterator[Request],
+        engine: str = "vllm",
+        replicas: int = 1,
+        rollout: Rollout = "restart",
+        start_time_s: float = 60.0,
+        seed: int = 0,
+        max_num_seqs: int | None = None,
+    ) -> None:
+        if replicas < 1:
+            raise ValueError(f"replicas={replicas}: allowed 1 or more")
+        if rollout not in ROLLOUTS:
+            raise ValueError(f"rollout={rollout!r}: allowed {' | '.join(ROLLOUTS)}")
+        self.engine = engine
+        self.config = config
+        self.rollout: Rollout = rollout
+        self.start_time_s = start_time_s
+        self.now = 0.0
+        self.restarts = 0
+        """Config changes applied (a rollback counts as one)."""
+        self.rollout_s = 0.0
+        """Simulated seconds spent inside `apply` (rollouts)."""
+        self.itl = ItlHistogram()
+        """Every inter-token gap served (one per decoding request per step)."""
+        self._cost = cost
+        self._acceptance = acceptance
+        self._arrivals = arrivals
+        self._next: Request | None = next(arrivals, None)
+        self._seed = seed
+        self._engines_started = 0
+        self._max_num_seqs = max_num_seqs
+        self._client: deque[Request] = deque()
+        self._requests: list[Request] = []
+        self._failed_retries = 0
+        self._replicas: dict[int, _Replica] = {}
+        self._next_id = 0
+        for _ in range(replicas):
+            self._start_replica(config, ready_at=0.0)
+        self._window = _WindowTotals()
+        self._window_start = 0.0
+
+    # -- the Actuator protocol ------------------------------------------------------------
+
+    def apply(self, config: SpecConfig) -> None:
+        """Roll `config` out (serving meanwhile); returns when every replica runs it."""
+        if config == self.config:
+            return
+        started = self.now
+        self.config = config
+        self.restarts += 1
+        old = sorted(self._replicas)
+        if self.rollout == "restart":
+            for rid in old:
+                self._stop_replica(rid)
+            for _ in old:
+                self._start_replica(config, ready_at=self.now + self.start_time_s)
+            self.run_until(self.now + self.start_time_s)
+        else:
+            for rid in old:
+                if self.rollout == "one-at-a-time":
+                    self._stop_replica(rid)
+                new = self._start_replica(config, ready_at=self.now + self.start_time_s)
+                self.run_until(self._replicas[new].ready_at)
+                if self.rollout == "surge":
+                    self._stop_replica(rid)
+        self.rollout_s += self.now - started
+
+    def observe(self, window_s: float) -> Observation:
+        """Serve the next `window_s` seconds and report them as a scrape would."""
+        self._window, self._window_start = _WindowTotals(), self.now
+        self.run_until(self.now + window_s)
+        return self._observation(self.now - self._window_start)
+
+    # -- simulation -----------------------------------------------------------------------
+
+    def run_until(self, until: float) -> None:
+        """Serve every arrival and step every ready replica up to `until`."""
+        while True:
+            event = until
+            if self._next is not None:
+                event = min(event, self._next.arrival_s)
+            pending_ready = [r.ready_at for r in self._replicas.values() if r.ready_at > self.now]
+            if pending_ready:
+                event = min(event, *pending_ready)
+            self._advance_replicas(event)
+            self.now = max(self.now, event)
+            self._dispatch_client_queue()
+            while self._next is not None and self._next.arrival_s <= self.now:
+                request, self._next = self._next, next(self._arrivals, None)
+                self._requests.append(request)
+                self._dispatch(request)
+            if self.now >= until:
+                return
+
+    def records(self) -> list[Request]:
+        """Every request that arrived so far (finished or not), in arrival order."""
+        return list(self._requests)
+
+    def drain_arrivals(self) -> None:
+        """Count the arrivals left before the end as requests (they are misses: never served)."""
+        while self._next is not None:
+            self._requests.append(self._next)
+            self._next = next(self._arrivals, None)
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _advance_replicas(self, until: float) -> None:
+        for rid, replica in self._replicas.items():
+            if replica.ready_at > until:
+                continue
+            start = max(replica.clock, replica.ready_at)
+            if start >= until:
+                continue
+            end, progress = replica.core.advance(start, until)
+            replica.clock = end
+            self._window.add(rid, progress)
+            if len(progress.itl_gaps):
+                self.itl.add_many(progress.itl_gaps, progress.itl_weights)
+
+    def _ready(self) -> list[tuple[int, _Replica]]:
+        return [(rid, r) for rid, r in sorted(self._replicas.items()) if r.ready_at <= self.now]
+
+    def _dispatch(self, request: Request) -> None:
+        ready = self._ready()
+        if not ready:
+            self._client.append(request)
+            return
+        _, replica = min(ready, key=lambda item: (item[1].outstanding(), item[0]))
+        replica.core.add_request(request)
+
+    def _dispatch_client_queue(self) -> None:
+        if not self._client or not self._ready():
+            return
+        waiting, self._client = self._client, deque()
+        for request in waiting:
+            self._dispatch(request)
+
+    def _start_replica(self, config: SpecConfig, *, ready_at: float) -> int:
+        self._engines_started += 1
+        extra = {} if self._max_num_seqs is None else {"max_num_seqs": self._max_num_seqs}
+        core = EngineCore(
+            config=config,
+            performance=self._cost,
+            acceptance=self._acceptance,
+            seed=self._seed * 1_000_003 + self._engines_started,
+            **extra,
+        )
+        rid, self._next_id = self._next_id, self._next_id + 1
+        self._replicas[rid] = _Replica(core=core, ready_at=ready_at, clock=ready_at)
+        return rid
+
+    def _stop_replica(self, rid: int) -> None:
+        replica = self._replicas.pop(rid)
+        orphans = [*replica.core.running, *replica.core.waiting]
+        for request in orphans:  # the client retries from the start, same arrival time
+            request.prefilled = 0
+            request.generated = 0
+            request.first_token_s = None
+        for request in orphans:
+            self._dispatch(request)
+
+    def _observation(self, window_s: float) -> Observation:
+        w = self._window
+        served = [t / window_s for t in w.batch_time.values()] if window_s > 0 else []
+        ready = self._ready()
+        kv = [r.core.kv_usage for _, r in ready]
+        return Observation(
+            engine=self.engine,
+            window_s=window_s,
+            pods=tuple(f"replica-{rid}" for rid, _ in ready),
+            acceptance_length=1 + w.accepted / w.drafts if w.drafts else None,
+            acceptance_rate=w.accepted / w.draft_tokens if w.draft_tokens else None,
+            acceptance_per_position=None,
+            # per engine, the mean over replicas of each one's time-averaged gauge, idle time
+            # included, as engine_metrics reads scraped pods
+            running_requests=sum(served) / len(served) if served and w.tokens else None,
+            waiting_requests=(sum(len(r.core.waiting) for _, r in ready) + len(self._client))
+            / max(1, len(ready)),
+            kv_cache_usage=sum(kv) / len(kv) if kv else None,
+            generation_tokens_per_s=w.tokens / window_s if w.tokens and window_s > 0 else None,
+            tpot_p50_s=None,
+            tpot_p95_s=None,
+            ttft_p95_s=None,
+            prompt_tokens_per_s=(
+                w.prefill_tokens / window_s if w.prefill_tokens and window_s > 0 else None
+            ),
+        )

@@ -1,0 +1,454 @@
+"""Contract with a live SGLang 0.5.23 server on CPU: the real server, scheduler, metrics and HTTP
+API, started from SpecPilot's rendered command line (sglang_live.py says what the test adds).
+Only the kernel ops are stand-ins (engine_side/sgl_kernel_standin, test-only).
+
+Checked, for a plain server and NGRAM with two draft-token counts (K=3 and K=5, i.e. 4 and 6
+draft tokens, topk 1):
+- it serves over the OpenAI and native APIs; NGRAM's greedy output equals the plain server's;
+- /metrics read by SpecPilot's reader into an Observation (running, queue, acceptance length,
+  generation tokens, TTFT/TPOT) directly and through a real Prometheus, against the test's own
+  sums of what the server returned per request;
+- the acceptance length SpecPilot reads agrees with the requests' own counts: SGLang's gauge is
+  (accepted drafts + one bonus token per verify) / verifies over its last 40 decode batches, so
+  the requests' aggregate is 1 + sum(spec_num_correct_drafts) / sum(spec_verify_ct);
+- the emulator's SGLang dialect has the real server's names, types, labels and buckets, and its
+  gauges refresh the same way (accept length held between 40-decode-batch windows and after
+  load; running back to 0 when idle).
+One server runs at a time (an idle SGLang scheduler polls a core); about 6 minutes in all.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from sglang_live import (
+    PROMPTS,
+    SERVED,
+    SGLANG,
+    LiveServer,
+    Scraper,
+    ServerPool,
+    gauge_values,
+    generate,
+    run_concurrently,
+    series_sum,
+)
+
+from specpilot.runtime.engine_metrics import ENGINE_METRICS, histogram_quantile, observe
+from specpilot.runtime.engines import LaunchSettings
+from specpilot.runtime.promql import PromQLReader
+from specpilot.runtime.scrape import window_stats
+
+from conftest import Process, free_port, start, wait_http_ok
+
+pytestmark = pytest.mark.engines
+SPECPILOT = str(Path(sys.executable).parent / "specpilot")
+# SGLang's gauge covers its last 40 decode batches; SpecPilot averages the gauge's samples over
+# its window; the requests' own aggregate covers every verify. With identical sequential
+# requests the windows differ only by where they cut the requests (a window holds ~2 requests
+# of 18-27 verifies, and acceptance is not flat within a request), so the sampled windows are
+# not an even sample of the verifies: SpecPilot read 1-4% below the aggregate at K=3 and 2-6%
+# at K=5 in this file's runs. 7% covers that; a reader that dropped or doubled the bonus token
+# (off by 1 = 19-28%) would still fail.
+ACCEPTANCE_REL_TOLERANCE = 0.07
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPool]:
+    servers = ServerPool(tmp_path_factory.mktemp("sglang"))
+    yield servers
+    servers.stop()
+
+
+@pytest.fixture(scope="module")
+def plain(pool: ServerPool) -> LiveServer:
+    return pool.get("plain")
+
+
+@pytest.fixture(scope="module")
+def reference(pool: ServerPool) -> dict[str, list[int]]:
+    """The plain server's greedy outputs, taken before any NGRAM server starts."""
+    return pool.reference_outputs()
+
+
+@pytest.fixture(scope="module", params=[3, 5], ids=["ngram-k3", "ngram-k5"])
+def ngram(
+    pool: ServerPool, reference: dict[str, list[int]], request: pytest.FixtureRequest
+) -> LiveServer:
+    return pool.get(f"ngram-k{request.param}")
+
+
+# --------------------------------------------------------------------------- plain server
+
+
+def test_plain_server_serves_both_apis(plain: LiveServer) -> None:
+    assert "--speculative-algorithm" not in plain.command
+    with httpx.Client(timeout=300) as client:
+        body = {"model": SERVED, "prompt": PROMPTS[0], "max_tokens": 16, "temperature": 0}
+        completion = client.post(f"{plain.url}/v1/completions", json=body)
+        completion.raise_for_status()
+        native = generate(client, plain.url, PROMPTS[0], 16)
+    assert completion.json()["usage"]["completion_tokens"] == 16
+    assert native["meta_info"]["completion_tokens"] == 16
+    # the same greedy tokens through both APIs
+    assert completion.json()["choices"][0]["text"] == native["text"]
+    assert "spec_verify_ct" not in native["meta_info"]
+
+
+def test_plain_metrics_read_into_an_observation(plain: LiveServer) -> None:
+    def work(client: httpx.Client, job: int) -> dict[str, Any]:
+        return generate(client, plain.url, PROMPTS[job % len(PROMPTS)], 48)
+
+    with Scraper(plain.url) as scraper:
+        results = run_concurrently(work, jobs=24, workers=8)
+    snapshots = scraper.snapshots
+    stats = window_stats("sglang", "plain", snapshots)
+    observation = observe("sglang", [stats])
+    first, last = snapshots[0], snapshots[-1]
+
+    def delta(name: str) -> float:
+        return series_sum(last, name) - series_sum(first, name)
+
+    completion = sum(r["meta_info"]["completion_tokens"] for r in results)
+    prompt = sum(r["meta_info"]["prompt_tokens"] for r in results)
+    # counters: SGLang adds each request's tokens when it finishes
+    assert delta("sglang:generation_tokens_total") == completion
+    assert delta("sglang:prompt_tokens_total") == prompt
+    assert observation.generation_tokens_per_s == pytest.approx(completion / stats.window_s)
+    # no speculation: no acceptance, and no invented one
+    assert observation.acceptance_length is None and "acceptance_length" in observation.unknown
+    assert not last.series("sglang:spec_verify_calls_total")
+    # load: the running gauge was caught above 1 (8 concurrent users) and read as a mean > 0
+    assert max(gauge_values(snapshots, "sglang:num_running_reqs")) > 1
+    assert observation.running_requests is not None and observation.running_requests > 0
+    assert observation.waiting_requests is not None and observation.waiting_requests >= 0
+    # latency histograms: one TTFT and one E2E observation per request
+    assert delta("sglang:time_to_first_token_seconds_count") == len(results)
+    assert delta("sglang:e2e_request_latency_seconds_count") == len(results)
+    # SpecPilot's quantile of the E2E histogram lands in the bucket of the requests' own median
+    buckets = dict(_bucket_deltas(first, last, "sglang:e2e_request_latency_seconds"))
+    e2e_p50 = histogram_quantile(0.5, buckets)
+    median = sorted(r["meta_info"]["e2e_latency"] for r in results)[math.ceil(len(results) / 2) - 1]
+    bounds = [0.0, *sorted(buckets)]
+    upper = next(b for b in bounds[1:] if b >= median)
+    lower = bounds[bounds.index(upper) - 1]
+    assert e2e_p50 is not None and lower <= e2e_p50 <= upper
+    assert observation.ttft_p95_s is not None and observation.ttft_p95_s > 0
+    assert observation.tpot_p50_s is not None and observation.tpot_p50_s > 0
+
+
+def _bucket_deltas(first: Any, last: Any, name: str) -> list[tuple[float, float]]:
+    def by_bound(snapshot: Any) -> dict[float, float]:
+        out: dict[float, float] = {}
+        for labels, value in snapshot.series(name + "_bucket").items():
+            bound = float(dict(labels)["le"])
+            out[bound] = out.get(bound, 0.0) + value
+        return out
+
+    before, after = by_bound(first), by_bound(last)
+    return [(bound, after[bound] - before.get(bound, 0.0)) for bound in sorted(after)]
+
+
+# --------------------------------------------------------------------------- NGRAM servers
+
+
+def test_ngram_serves_the_plain_servers_greedy_output(
+    ngram: LiveServer, reference: dict[str, list[int]]
+) -> None:
+    k = ngram.config.num_speculative_tokens
+    flags = ngram.command
+    assert flags[flags.index("--speculative-algorithm") + 1] == "NGRAM"
+    assert flags[flags.index("--speculative-num-draft-tokens") + 1] == str(k + 1)
+    with httpx.Client(timeout=300) as client:
+        results = [generate(client, ngram.url, prompt, 48) for prompt in PROMPTS]
+    for prompt, result in zip(PROMPTS, results, strict=True):
+        assert result["output_ids"] == reference[prompt]
+    verifies = sum(r["meta_info"]["spec_verify_ct"] for r in results)
+    correct = sum(r["meta_info"]["spec_num_correct_drafts"] for r in results)
+    # drafts were really verified, and accepted: fewer verifies than decoded tokens
+    assert 0 < verifies < sum(r["meta_info"]["completion_tokens"] for r in results)
+    assert 0 < correct <= verifies * k
+
+
+def test_ngram_acceptance_read_directly_matches_the_requests(ngram: LiveServer) -> None:
+    k = ngram.config.num_speculative_tokens
+
+    def work(client: httpx.Client, job: int) -> dict[str, Any]:
+        return generate(client, ngram.url, PROMPTS[0], 96)
+
+    # SGLang's gauge holds its last window until 40 more decode batches complete: traffic that
+    # came before (other prompts) would still show at the start of the window. Warm it first.
+    run_concurrently(work, jobs=3, workers=1)
+    with Scraper(ngram.url) as scraper:
+        results = run_concurrently(work, jobs=30, workers=1)
+    snapshots = scraper.snapshots
+    stats = window_stats("sglang", "ngram", snapshots)
+    observation = observe("sglang", [stats])
+    verifies = sum(r["meta_info"]["spec_verify_ct"] for r in results)
+    correct = sum(r["meta_info"]["spec_num_correct_drafts"] for r in results)
+    expected = 1 + correct / verifies
+    # the per-request figure SGLang returns is completion / verifies (its prefill token
+    # included); weighted by verifies it is the same sum, less one prefill token per request
+    completion = sum(r["meta_info"]["completion_tokens"] for r in results)
+    per_request = [r["meta_info"]["spec_accept_length"] for r in results]
+    weighted = sum(
+        a * r["meta_info"]["spec_verify_ct"] for a, r in zip(per_request, results, strict=True)
+    )
+    assert weighted == pytest.approx(completion)
+    assert stats.counters["verify_calls"] == verifies  # counted per request, exactly
+    assert stats.counters["generation_tokens"] == completion
+    assert verifies >= 2 * 40  # at least two of SGLang's 40-batch gauge windows
+    assert observation.acceptance_length is not None
+    assert observation.acceptance_length == pytest.approx(expected, rel=ACCEPTANCE_REL_TOLERANCE)
+    assert 1.0 < observation.acceptance_length <= k + 1
+    assert observation.acceptance_rate is not None and 0 < observation.acceptance_rate <= 1
+    assert gauge_values(snapshots[-1:], "sglang:spec_num_steps") == [float(k)]
+    assert gauge_values(snapshots[-1:], "sglang:spec_num_draft_tokens") == [float(k + 1)]
+    print(
+        f"live SGLang NGRAM K={k}: SpecPilot reads {observation.acceptance_length:.3f}, "
+        f"requests' aggregate {expected:.3f} ({verifies} verifies), "
+        f"per-request spec_accept_length {min(per_request):.2f}-{max(per_request):.2f}"
+    )
+
+
+def start_prometheus(
+    binary: Path, target: str, folder: Path, stopper: list[Process], *, rename: bool
+) -> str:
+    """A real Prometheus scraping `target` every second. Prometheus 2.42 asks for OpenMetrics,
+    and SGLang's prometheus_client (0.26) then escapes the ':' in sample names to '_'
+    (`sglang_num_running_reqs`). With `rename` the scrape config renames them back, as a
+    deployment must while SpecPilot's PromQL reader asks only for `sglang:` names."""
+    port = free_port()
+    relabel = (
+        "    metric_relabel_configs:\n"
+        "      - source_labels: [__name__]\n"
+        "        regex: 'sglang_(.+)'\n"
+        "        target_label: __name__\n"
+        "        replacement: 'sglang:$1'\n"
+    )
+    config = folder / "prometheus.yml"
+    config.write_text(
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+        "scrape_configs:\n  - job_name: sglang\n"
+        f"    static_configs:\n      - targets: ['{target}']\n" + (relabel if rename else "")
+    )
+    process = start(
+        [
+            str(binary),
+            f"--config.file={config}",
+            f"--storage.tsdb.path={folder / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        folder / "prometheus.log",
+    )
+    stopper.append(process)
+    url = f"http://127.0.0.1:{port}"
+    wait_http_ok(process, f"{url}/-/ready", timeout_s=60)
+    reader = PromQLReader(url)
+    deadline = time.monotonic() + 60
+    while not reader.query('count_over_time(up{job="sglang"}[1m]) >= 2', time.time()):
+        assert time.monotonic() < deadline, "Prometheus did not scrape the SGLang server"
+        time.sleep(0.5)
+    return url
+
+
+@pytest.fixture
+def prometheus(
+    prometheus_binary: Path, ngram: LiveServer, tmp_path: Path, stopper: list[Process]
+) -> str:
+    target = ngram.url.removeprefix("http://")
+    return start_prometheus(prometheus_binary, target, tmp_path, stopper, rename=True)
+
+
+def test_promql_reader_finds_sglang_as_prometheus_stores_it(
+    ngram: LiveServer, prometheus_binary: Path, tmp_path: Path, stopper: list[Process]
+) -> None:
+    target = ngram.url.removeprefix("http://")
+    url = start_prometheus(prometheus_binary, target, tmp_path, stopper, rename=False)
+    reader = PromQLReader(url, pod_label="instance", selector='job="sglang"')
+    stored = reader.query('sglang_num_running_reqs{job="sglang"}', time.time())
+    assert stored  # the escaped name is what Prometheus holds
+    stats = reader.window_stats("sglang", 10.0, time.time())
+    assert [s.pod for s in stats] == [target]
+    assert "running" in stats[0].gauges
+
+
+def test_ngram_read_through_prometheus(ngram: LiveServer, prometheus: str) -> None:
+    reader = PromQLReader(prometheus, pod_label="instance", selector='job="sglang"')
+
+    # one prompt: every gauge window sees the same traffic, only ~4 windows fit in the load
+    def work(client: httpx.Client, job: int) -> dict[str, Any]:
+        return generate(client, ngram.url, PROMPTS[0], 96)
+
+    run_concurrently(work, jobs=8, workers=4)  # the gauge's window shows this traffic already
+    # increase() sees only samples inside the window: two scrapes before the load, two after
+    window_start = time.time()
+    time.sleep(2.5)
+    results = run_concurrently(work, jobs=32, workers=4)
+    time.sleep(2.5)
+    window_end = time.time()
+    [stats] = reader.window_stats("sglang", window_end - window_start, window_end)
+    observation = observe("sglang", [stats])
+    verifies = sum(r["meta_info"]["spec_verify_ct"] for r in results)
+    correct = sum(r["meta_info"]["spec_num_correct_drafts"] for r in results)
+    completion = sum(r["meta_info"]["completion_tokens"] for r in results)
+    assert observation.pods == (ngram.url.removeprefix("http://"),)
+    # Prometheus' increase() scales what its samples show up to the window's edges: by at most
+    # one scrape interval (1 s) on each side, while the counters were flat there
+    span = round(window_end - window_start)  # the reader's range, in whole seconds
+    stretch = span / (span - 2.0)
+    assert verifies <= stats.counters["verify_calls"] <= verifies * stretch
+    assert completion <= stats.counters["generation_tokens"] <= completion * stretch
+    assert observation.acceptance_length is not None
+    # 4 concurrent users: windows mix requests at different points, as above
+    assert observation.acceptance_length == pytest.approx(
+        1 + correct / verifies, rel=ACCEPTANCE_REL_TOLERANCE
+    )
+    window = f"{round(window_end - window_start)}s"
+    peak = reader.query(
+        f'max_over_time(sglang:num_running_reqs{{job="sglang"}}[{window}])', window_end
+    )
+    assert peak and peak[0][1] > 1
+    assert observation.running_requests is not None and observation.running_requests > 0
+    assert observation.generation_tokens_per_s is not None
+    assert observation.generation_tokens_per_s > 0
+    assert observation.ttft_p95_s is not None and observation.tpot_p50_s is not None
+
+
+# --------------------------------------------------------------------------- emulator dialect
+
+
+# What the emulator's SGLang dialect must share with the real server: every family it exposes.
+def families(text: str) -> dict[str, tuple[str, frozenset[str], tuple[float, ...]]]:
+    """Family name -> (type, label names, histogram bucket bounds)."""
+    out: dict[str, tuple[str, frozenset[str], tuple[float, ...]]] = {}
+    for family in text_string_to_metric_families(text):
+        labels: set[str] = set()
+        bounds: set[float] = set()
+        for sample in family.samples:
+            labels |= set(sample.labels) - {"le"}
+            if sample.name.endswith("_bucket"):
+                bounds.add(float(sample.labels["le"]))
+        out[family.name] = (family.type, frozenset(labels), tuple(sorted(bounds)))
+    return out
+
+
+@pytest.fixture
+def emulator(ngram: LiveServer, tmp_path: Path) -> Iterator[str]:
+    """`specpilot emulate` with the same rendered SGLang command line (minus the CPU flags)."""
+    port = free_port()
+    base = LaunchSettings(
+        model="/models/tiny", served_model_name=SERVED, host="127.0.0.1", port=port
+    )
+    command = [
+        SPECPILOT,
+        "emulate",
+        "--engine",
+        "sglang",
+        "--load-delay",
+        "0.3",
+        *SGLANG.render(ngram.config, base),
+    ]
+    process = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert process.poll() is None and time.monotonic() < deadline
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        yield url
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=10)
+
+
+def exercise(url: str, chat_model: str = SERVED) -> str:
+    """Streaming and non-streaming completions, then the /metrics text."""
+    with httpx.Client(timeout=300) as client:
+        for stream in (False, True):
+            body = {
+                "model": chat_model,
+                "prompt": PROMPTS[0],
+                "max_tokens": 24,
+                "temperature": 0,
+                "stream": stream,
+            }
+            with client.stream("POST", f"{url}/v1/completions", json=body) as response:
+                response.raise_for_status()
+                response.read()
+        return client.get(f"{url}/metrics").text
+
+
+def test_emulator_dialect_has_the_real_names_types_labels_and_buckets(
+    ngram: LiveServer, emulator: str
+) -> None:
+    real = families(exercise(ngram.url))
+    emulated = families(exercise(emulator))
+    for name, (kind, labels, bounds) in emulated.items():
+        assert name in real, f"the emulator exposes {name}, SGLang 0.5.23 does not"
+        assert (kind, labels) == real[name][:2], name
+        assert bounds == real[name][2], f"{name} buckets"
+    # everything SpecPilot's reader asks SGLang for exists on both
+    for spec in ENGINE_METRICS["sglang"]:
+        family = spec.name.removesuffix("_total")
+        assert family in real and family in emulated, family
+
+
+def refresh_behaviour(url: str, requests: int) -> dict[str, float]:
+    """Sequential greedy requests, /metrics after each; how the gauges moved."""
+    with httpx.Client(timeout=300) as client:
+        lengths = []
+        decode_steps = 0
+        for _ in range(requests):
+            body = {"model": SERVED, "prompt": PROMPTS[0], "max_tokens": 40, "temperature": 0}
+            usage = client.post(f"{url}/v1/completions", json=body).json()["usage"]
+            decode_steps += usage["completion_tokens"] - 1
+            text = client.get(f"{url}/metrics").text
+            lengths.append(_value(text, "sglang:spec_accept_length"))
+        time.sleep(1.0)  # idle
+        idle = client.get(f"{url}/metrics").text
+    changes = sum(1 for a, b in itertools.pairwise(lengths) if a != b)
+    return {
+        "changes": changes,
+        "decode_tokens": decode_steps,
+        "idle_running": _value(idle, "sglang:num_running_reqs"),
+        "idle_accept_length": _value(idle, "sglang:spec_accept_length"),
+        "last_accept_length": lengths[-1],
+    }
+
+
+def _value(text: str, name: str) -> float:
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name:
+                return float(sample.value)
+    return math.nan
+
+
+def test_emulator_gauges_refresh_like_the_real_server(ngram: LiveServer, emulator: str) -> None:
+    for url in (ngram.url, emulator):
+        seen = refresh_behaviour(url, requests=12)
+        # the accept-length gauge moves only at 40-decode-batch boundaries: with at least one
+        # token per verify, 12 x 39 decode tokens span at most 12 windows
+        assert 1 <= seen["changes"] <= math.ceil(seen["decode_tokens"] / 40), (url, seen)
+        # idle: running drops to 0, the last window's acceptance stays
+        assert seen["idle_running"] == 0.0, (url, seen)
+        assert seen["idle_accept_length"] == seen["last_accept_length"] > 1.0, (url, seen)

@@ -1,0 +1,160 @@
+"""Fast mode over a rate curve through the bench's `run_policy` (operator/app/bench/run.py), and
+the demo's summary built on it: a static policy serves a quiet trace whole, speculation at low
+load gives faster tokens, a restart's downtime shows as latency for the requests that waited,
+the demo's load generator and the bench draw the same requests, and the real-time row reports
+what a non-streaming client measured and nothing else. Simulated time only."""
+
+from __future__ import annotations
+
+import pytest
+
+from specpilot.operator.app.bench.policies import SPECPILOT, StaticPolicy
+from specpilot.operator.app.bench.run import PolicyRun, Setup, Tuning, run_policy
+from specpilot.operator.app.bench.traffic import requests_from_rates
+from specpilot.operator.app.demo.actuator import LatencyHistogram, Switch
+from specpilot.operator.app.demo.load import Completed, LoadStats, plan_requests
+from specpilot.operator.app.demo.report import (
+    FAST,
+    NOT_SEEN,
+    REAL_TIME,
+    build_summary,
+    fast_row,
+    realtime_row,
+    summary_markdown,
+)
+from specpilot.runtime.emulator.core import Request
+from specpilot.runtime.serving_metrics import summarize
+from specpilot.runtime.traces import parse_trace
+from specpilot.tuner import SpecConfig
+
+# Chat at 4 req/s for four minutes, then a quiet minute for the last requests to finish.
+QUIET = parse_trace("t,rps,chat\n0,4,1\n240,0,1\n300,0,1\n", "quiet")
+SETUP = Setup(
+    gpu="H100",
+    profile="llama-3.1-8b",
+    engine="vllm",
+    requests=requests_from_rates(QUIET, seed=1),
+    duration_s=QUIET.duration_s,
+    window_s=30.0,
+    rollout="restart",  # one engine, down while it restarts
+    tuning=Tuning(start_s=20.0, min_dwell_s=30.0),
+)
+NO_SPEC = StaticPolicy("no-spec", SpecConfig())
+EAGLE3 = StaticPolicy(
+    "static:eagle3 K=3", SpecConfig(method="eagle3", num_speculative_tokens=3, draft_model="d")
+)
+
+
+@pytest.fixture(scope="module")
+def runs() -> dict[str, PolicyRun]:
+    policies: list[StaticPolicy | str] = [NO_SPEC, EAGLE3, SPECPILOT]
+    return {p if isinstance(p, str) else p.name: run_policy(SETUP, 0, p) for p in policies}
+
+
+def test_a_static_policy_serves_every_request_of_a_quiet_trace(runs: dict[str, PolicyRun]) -> None:
+    plain = runs["no-spec"]
+    assert len(plain.records) == len(SETUP.requests) > 800  # ~4 req/s for 240 s
+    assert not any(r.failed for r in plain.records)
+    assert plain.restarts == 0
+    assert plain.configs_by_window == ["no speculation"] * 10  # 300 s in 30 s windows
+    overall = summarize(plain.records, SETUP.duration_s)
+    assert overall.slo_attainment["relaxed"] == 1.0 and overall.completed == overall.requests
+
+
+def test_speculation_at_low_load_gives_faster_tokens(runs: dict[str, PolicyRun]) -> None:
+    plain = summarize(runs["no-spec"].records, SETUP.duration_s)
+    eagle = summarize(runs["static:eagle3 K=3"].records, SETUP.duration_s)
+    assert eagle.tpot_ms_mean < plain.tpot_ms_mean
+    assert eagle.e2el_ms_mean < plain.e2el_ms_mean
+
+
+def test_a_restart_downtime_shows_as_latency_for_the_requests_that_waited(
+    runs: dict[str, PolicyRun],
+) -> None:
+    pilot, static = runs[SPECPILOT], runs["static:eagle3 K=3"]
+    assert pilot.restarts >= 1, "at 4 req/s of chat SpecPilot turns speculation on"
+    first = next(i for i, c in enumerate(pilot.configs_by_window) if c != "no speculation")
+    # The switch is applied when its tick's window closes; the only engine is down meanwhile.
+    down_from = pilot.observations[first][0] + SETUP.window_s
+    up_at = down_from + SETUP.tuning.start_s
+    waited = [i for i, r in enumerate(pilot.records) if down_from <= r.arrival_s < up_at]
+    assert len(waited) > 40  # ~4 req/s for 20 s
+    for i in waited:
+        record = pilot.records[i]
+        assert not record.failed and record.first_token_s is not None
+        assert record.first_token_s >= up_at  # it waited for the restart
+        static_ttft = static.records[i].ttft_s  # the same request, no restart
+        assert static_ttft is not None and static_ttft < 1.0
+    # the requests in flight when it went down were retried, and their wait counts too
+    in_flight = [
+        r
+        for r in pilot.records
+        if r.arrival_s < down_from and r.finished_s is not None and r.finished_s > up_at
+    ]
+    assert in_flight and all(r.first_token_s >= up_at for r in in_flight)  # type: ignore[operator]
+
+
+def test_the_demo_load_generator_and_the_bench_draw_the_same_requests() -> None:
+    planned = plan_requests(QUIET, 1)
+    assert [(r.arrival_s, r.task, r.prompt_tokens, r.max_tokens) for r in planned] == [
+        (t.arrival_s, t.task, t.prompt_tokens, t.output_tokens) for t in SETUP.requests
+    ]
+
+
+def _request(arrival: float, number: int) -> Request:
+    return Request(
+        request_id=f"r{number}", task="chat", prompt_tokens=8, max_tokens=4, arrival_s=arrival
+    )
+
+
+def test_the_real_time_row_is_what_a_non_streaming_client_measured() -> None:
+    planned = [_request(0.0, 1), _request(1.0, 2), _request(2.0, 3), _request(11.0, 4)]
+    load = LoadStats(sent=3)
+    load.completed += [
+        Completed(arrival_s=0.0, finished_s=2.0, task="chat", tokens=4, attempts=1),
+        Completed(arrival_s=1.0, finished_s=10.5, task="chat", tokens=4, attempts=2),  # late
+    ]
+    histogram = LatencyHistogram(buckets={0.01: 1.0, 0.02: 2.0, float("inf"): 2.0})
+    histogram.total_s, histogram.count = 0.03, 2.0
+    switches = [Switch(0.0, 0.0, SpecConfig()), Switch(5.0, 6.0, EAGLE3.config)]
+    row = realtime_row(load, planned, histogram, switches, duration_s=10.0)
+    # three requests arrived before the end; one finished in time (2 s), the other two count
+    # with their wait until the end (9 s and 8 s); the one arriving after the end is not sent
+    assert row["requests"] == 3 and row["completed"] == 1
+    assert row["e2el_ms_mean"] == pytest.approx((2.0 + 9.0 + 8.0) / 3 * 1e3, abs=0.1)
+    assert row["tokens_per_s"] == 0.4 and row["restarts"] == 1
+    assert row["ttft_ms_p99"] is row["tpot_ms_mean"] is row["slo_attainment"] is None
+    assert row["engine_tpot_ms_mean"] == 15.0
+    assert row["mode"] == REAL_TIME
+
+
+def test_the_demo_summary_shows_latency_attainment_and_restarts_side_by_side(
+    runs: dict[str, PolicyRun],
+) -> None:
+    fast = [fast_row(runs[name], SETUP) for name in ("no-spec", "static:eagle3 K=3", SPECPILOT)]
+    assert all(r["mode"] == FAST for r in fast)
+    assert set(fast[0]["slo_attainment"]) == {"tight", "standard", "relaxed"}
+    load = LoadStats()
+    realtime = realtime_row(load, [], LatencyHistogram(), [Switch(0, 0, SpecConfig())], 300.0)
+    setup = {
+        "gpu": "H100",
+        "model_profile": "llama-3.1-8b",
+        "engine": "vllm",
+        "trace": "quiet",
+        "duration_s": 300.0,
+        "seed": 1,
+        "window_s": 30.0,
+        "min_dwell_s": 30.0,
+        "restart_budget": 4,
+        "restart_downtime_s": 20.0,
+        "slo_tpot_ms": 50.0,
+    }
+    summary = build_summary(
+        setup=setup, fast=fast, realtime=realtime, ticks=[], switches=[], load=load
+    )
+    assert summary["best_static_fast_mode"] == "static:eagle3 K=3"  # lower mean E2E latency
+    text = summary_markdown(summary)
+    assert "| E2E mean ms | TTFT p99 ms | TPOT mean ms | SLO tight | SLO standard" in text
+    realtime_line = next(line for line in text.splitlines() if f"| {REAL_TIME} |" in line)
+    assert realtime_line.count(NOT_SEEN) == 5  # TTFT, TPOT and the three tiers
+    assert "non-streaming" in text

@@ -1,0 +1,126 @@
+"""The emulated Deployment (runtime/emulator/deployment.py) in simulated time: the balancer
+spreads arrivals over ready replicas, each rollout mode keeps (or loses) the capacity it should,
+requests in flight on a stopped replica are retried from the start with their wait counted, and
+`observe` reports a window as a scrape of the ready replicas would. No wall clock anywhere."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from specpilot.runtime.emulator.core import Request
+from specpilot.runtime.emulator.deployment import EmulatedDeployment
+from specpilot.tuner import SpecConfig, StepCost, acceptance_curve
+
+COST = StepCost.for_hardware("H100", "llama-3.1-8b")
+EAGLE3 = SpecConfig(method="eagle3", num_speculative_tokens=3, draft_model="d")
+
+
+def steady(rate_rps: float, until_s: float, output: int = 64) -> Iterator[Request]:
+    """Evenly spaced arrivals (deterministic, unlike Poisson)."""
+    n = 0
+    while n / rate_rps < until_s:
+        yield Request(
+            request_id=f"r{n}",
+            task="chat",
+            prompt_tokens=128,
+            max_tokens=output,
+            arrival_s=n / rate_rps,
+        )
+        n += 1
+
+
+def deployment(**kwargs: object) -> EmulatedDeployment:
+    args: dict[str, object] = {
+        "config": SpecConfig(),
+        "cost": COST,
+        "acceptance": acceptance_curve,
+        "arrivals": steady(4.0, 600.0),
+        "start_time_s": 60.0,
+    }
+    args.update(kwargs)
+    return EmulatedDeployment(**args)  # type: ignore[arg-type]
+
+
+def test_observe_serves_a_window_and_reports_it_as_a_scrape_would() -> None:
+    d = deployment(replicas=2)
+    obs = d.observe(60.0)
+    assert d.now == pytest.approx(60.0, abs=0.1)
+    assert obs.pods == ("replica-0", "replica-1") and obs.engines == 2
+    assert obs.generation_tokens_per_s is not None and obs.generation_tokens_per_s > 0
+    assert obs.running_requests is not None and 0 < obs.running_requests < 4
+    assert obs.acceptance_length is None  # no speculation, no drafts
+    finished = [r for r in d.records() if r.finished_s is not None]
+    assert len(finished) >= 200  # 4 req/s for a minute, short requests
+
+
+def test_the_balancer_spreads_arrivals_over_ready_replicas() -> None:
+    d = deployment(replicas=2, arrivals=steady(20.0, 600.0))
+    d.observe(30.0)
+    loads = [len(r.core.running) + len(r.core.waiting) for _, r in d._ready()]
+    assert len(loads) == 2 and abs(loads[0] - loads[1]) <= 2
+
+
+@pytest.mark.parametrize(
+    ("rollout", "replicas", "served_meanwhile"),
+    [("restart", 1, False), ("surge", 1, True), ("one-at-a-time", 2, True)],
+)
+def test_a_rollout_takes_the_start_time_and_serves_only_where_kubernetes_would(
+    rollout: str, replicas: int, served_meanwhile: bool
+) -> None:
+    d = deployment(rollout=rollout, replicas=replicas)
+    d.observe(60.0)
+    before = sum(1 for r in d.records() if r.finished_s is not None)
+    d.apply(EAGLE3)
+    assert d.config == EAGLE3 and d.restarts == 1
+    assert d.rollout_s == pytest.approx(60.0 * replicas, abs=0.5)
+    during = [
+        r for r in d.records() if r.finished_s is not None and 60.0 <= r.finished_s < d.now - 1
+    ]
+    assert (len(during) > before / 2) is served_meanwhile
+    assert all(r.core.config == EAGLE3 for _, r in d._ready())
+    after = d.observe(60.0)
+    assert after.acceptance_length is not None and after.acceptance_length > 1.5
+
+
+def test_a_restart_makes_arrivals_wait_at_the_client_and_counts_their_wait() -> None:
+    d = deployment(rollout="restart")
+    d.observe(60.0)
+    d.apply(EAGLE3)
+    d.observe(120.0)
+    waited = [r for r in d.records() if 60.0 < r.arrival_s < 110.0]
+    assert waited and all(r.first_token_s is not None and r.first_token_s >= 120.0 for r in waited)
+
+
+def test_requests_in_flight_on_a_stopped_replica_are_retried_from_the_start() -> None:
+    d = deployment(rollout="restart", arrivals=steady(2.0, 600.0, output=4000))
+    d.observe(30.0)
+    in_flight = [r for r in d.records() if r.finished_s is None]
+    assert in_flight and any(r.generated > 0 for r in in_flight)
+    d.apply(EAGLE3)  # the new replica is ready at 90 s; nothing has run on it yet
+    for request in in_flight:  # to be sent again from the start, arrival unchanged
+        assert request.generated == 0 and request.first_token_s is None
+        assert request.arrival_s <= 30.0
+    d.observe(60.0)
+    assert all(r.first_token_s is not None and r.first_token_s >= 90.0 for r in in_flight)
+
+
+def test_applying_the_running_config_is_a_no_op() -> None:
+    d = deployment()
+    d.apply(SpecConfig())
+    assert d.restarts == 0 and d.now == 0.0
+
+
+def test_every_arrival_is_kept_and_late_ones_are_drained() -> None:
+    d = deployment(arrivals=steady(4.0, 100.0))
+    d.observe(50.0)
+    d.drain_arrivals()
+    assert len(d.records()) == 400
+
+
+def test_bad_settings_are_refused_with_the_allowed_values() -> None:
+    with pytest.raises(ValueError, match="replicas=0"):
+        deployment(replicas=0)
+    with pytest.raises(ValueError, match=r"surge \| one-at-a-time \| restart"):
+        deployment(rollout="blue-green")
