@@ -17,6 +17,11 @@ Semantics (vLLM 0.32 and SGLang 0.5.23 sources, see REFERENCE.md):
   inter-token latency is per engine step, SGLang's per token: not comparable).
 - Load (running, waiting, KV usage) is per engine: the mean over pods of each pod's mean.
   Throughput is the sum over pods.
+- Running requests (the batch the tuner reads) is a time integral, not a gauge sampled at
+  scrape instants: a busy CPU engine answers a scrape between its steps, and two instants can
+  both catch an emptied batch (0 and 0 where vLLM's own integrals said 3.3). See
+  `running_estimate` for the per-engine rules; the sampled gauge stays as
+  `Observation.running_requests_gauge`, the cross-check.
 """
 
 from __future__ import annotations
@@ -44,6 +49,9 @@ class MetricSpec:
     zero_is_unknown: bool = False
     """A 0 sample means "not measured yet" (SGLang's acceptance gauges read 0 from startup
     until a first 40-decode-batch window completes) and is left out of the window's mean."""
+    buckets: bool = True
+    """Histograms: whether readers fetch the buckets (for quantiles). Every histogram's `_sum`
+    and `_count` increases are read; integrals need only those."""
 
 
 ENGINE_METRICS: Mapping[str, tuple[MetricSpec, ...]] = {
@@ -58,6 +66,13 @@ ENGINE_METRICS: Mapping[str, tuple[MetricSpec, ...]] = {
         MetricSpec("kv_usage", "vllm:kv_cache_usage_perc", "gauge", "mean"),
         MetricSpec("tpot", "vllm:request_time_per_output_token_seconds", "histogram"),
         MetricSpec("ttft", "vllm:time_to_first_token_seconds", "histogram"),
+        # integrals for the running batch (`running_estimate`): seconds of requests in decode,
+        # accumulated step by step, and in prefill / running, counted when a request finishes
+        MetricSpec("decode_s", "vllm:inter_token_latency_seconds", "histogram", buckets=False),
+        MetricSpec("prefill_s", "vllm:request_prefill_time_seconds", "histogram", buckets=False),
+        MetricSpec(
+            "inference_s", "vllm:request_inference_time_seconds", "histogram", buckets=False
+        ),
     ),
     "sglang": (
         MetricSpec("accept_length_gauge", "sglang:spec_accept_length", "gauge", "mean", True),
@@ -70,6 +85,10 @@ ENGINE_METRICS: Mapping[str, tuple[MetricSpec, ...]] = {
         MetricSpec("kv_usage", "sglang:token_usage", "gauge", "mean"),
         MetricSpec("tpot", "sglang:request_time_per_output_token_seconds", "histogram"),
         MetricSpec("ttft", "sglang:time_to_first_token_seconds", "histogram"),
+        # integrals for the running batch (`running_estimate`), both per request: in the server
+        # (counted when it finishes) and in the waiting queue (counted when first scheduled)
+        MetricSpec("e2e_s", "sglang:e2e_request_latency_seconds", "histogram", buckets=False),
+        MetricSpec("queue_s", "sglang:queue_time_seconds", "histogram", buckets=False),
     ),
 }
 VLLM_PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
@@ -95,6 +114,10 @@ class WindowStats:
     """Key -> mean over the window."""
     histograms: Mapping[str, Mapping[float, float]] = field(default_factory=dict)
     """Key -> cumulative bucket upper bound (`le`, +inf included) -> increase."""
+    histogram_sums: Mapping[str, float] = field(default_factory=dict)
+    """Key -> increase of the histogram's `_sum` (resets handled); absent when missing."""
+    histogram_counts: Mapping[str, float] = field(default_factory=dict)
+    """Key -> increase of the histogram's `_count` (observations in the window)."""
     accepted_per_position: Mapping[int, float] = field(default_factory=dict)
     counter_resets: int = 0
 
@@ -112,7 +135,8 @@ def observe(engine: str, stats: Sequence[WindowStats]) -> Observation:
         acceptance_length=length,
         acceptance_rate=rate,
         acceptance_per_position=per_position,
-        running_requests=_mean_gauge(stats, "running"),
+        running_requests=_mean_of(running_estimate(engine, s) for s in stats),
+        running_requests_gauge=_mean_gauge(stats, "running"),
         waiting_requests=_mean_gauge(stats, "waiting"),
         kv_cache_usage=_mean_gauge(stats, "kv_usage"),
         generation_tokens_per_s=_rate(stats, "generation_tokens"),
@@ -127,6 +151,77 @@ def observe(engine: str, stats: Sequence[WindowStats]) -> Observation:
 def observe_per_pod(engine: str, stats: Iterable[WindowStats]) -> dict[str, Observation]:
     """One Observation per pod, for comparing pods that run different configs."""
     return {s.pod: observe(engine, [s]) for s in stats}
+
+
+def running_estimate(engine: str, s: WindowStats) -> float | None:
+    """One pod's mean number of running requests over its window, by Little's law: the
+    request-seconds the engine accumulated in the window divided by the window's length.
+
+    vLLM 0.32 (vllm/v1/metrics/stats.py, loggers.py). A request runs from its first SCHEDULED
+    event to its last token: prefill (to the first token) then decode (to the last).
+    - Decode: the sum of `vllm:inter_token_latency_seconds`. The frontend observes, for every
+      request that got tokens in an engine step, the time since its previous tokens; these
+      gaps tile the request's decode phase exactly (their sum per request is its
+      `request_decode_time`), and they are recorded step by step, not when the request
+      finishes. Edge bias: the gap straddling each window edge counts wholly on the side where
+      its step ended: at most one step per running request per edge (step / window: 0.4% for
+      a 35 ms step in an 8 s window); no completion is needed.
+    - Prefill: the sum of `vllm:request_prefill_time_seconds`, which counts a request's whole
+      prefill when the request finishes: a request that prefilled in the window and finishes
+      after it is missed, one that prefilled before it and finishes in it counted. These cancel
+      on average in steady traffic; a window with no completion counts no prefill (prefill is
+      one step per request unless chunked, a few % of the running time).
+    - A window with no decode step (idle, or every request still in prefill or the frontend
+      stalled) falls back to the sampled `vllm:num_requests_running` gauge (0 when idle).
+    - Without the per-step series (an engine or Prometheus that lacks it): the sum of
+      `vllm:request_inference_time_seconds` (scheduled to last token, counted when a request
+      finishes) if the window saw a completion. Its edge bias is a request's whole running
+      time per request in flight at each edge, zero on average in steady traffic; with no
+      completion, the gauge.
+    SGLang 0.5.23 (srt/observability/metrics_collector.py, req_time_stats.py): no per-step
+    series covers non-streamed requests (its inter-token latency is observed only as streamed
+    chunks reach the tokenizer; its realtime token counters move every 40 decode batches), so
+    Little's law per request: mean running time per request D = the mean of
+    `sglang:e2e_request_latency_seconds` over the window's completions (tokenizer receipt to
+    finish, observed when a request finishes) minus the mean of `sglang:queue_time_seconds`
+    over its starts (the wait before a request's first forward, observed then), times the rate
+    of requests through the window, taken as the mean of its starts (queue-time count) and
+    completions (e2e count): running = D x (starts + completions) / 2 / window. Counting
+    completions alone would credit a request's whole time to the window it finishes in: off by
+    up to one request's duration per request in flight at each edge, and lagging a load that
+    grows or shrinks across the window (started requests not yet finished); averaging with the
+    starts cancels that to first order (a request in flight at an edge has on average half its
+    time on each side). What remains: the tokenizer's and detokenizer's own milliseconds per
+    request, and whole requests' worth of rounding when the window holds few of them. With no
+    completion in the window, or no queue-time series (queueing would count as running), the
+    scheduler's `sglang:num_running_reqs` gauge, refreshed every prefill batch and every 40
+    decode batches.
+    A zero-length window reads the gauge; a counter reset (a restarted engine) counts the new
+    process from zero, so a window spanning a restart reads what ran after it."""
+    gauge = s.gauges.get("running")
+    window = s.window_s
+    if window <= 0:
+        return gauge
+    sums, counts = s.histogram_sums, s.histogram_counts
+    if engine == "vllm":
+        if "decode_s" in sums:
+            if counts.get("decode_s", 0.0) > 0:
+                return (sums["decode_s"] + sums.get("prefill_s", 0.0)) / window
+            return gauge if gauge is not None else sums.get("prefill_s", 0.0) / window
+        if counts.get("inference_s", 0.0) > 0:
+            return sums["inference_s"] / window
+        return gauge
+    finished, started = counts.get("e2e_s", 0.0), counts.get("queue_s")
+    if finished <= 0 or started is None:
+        return gauge
+    queued = sums.get("queue_s", 0.0) / started if started > 0 else 0.0
+    per_request = max(0.0, sums.get("e2e_s", 0.0) / finished - queued)
+    return per_request * (started + finished) / 2 / window
+
+
+def _mean_of(values: Iterable[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
 
 
 def _acceptance(

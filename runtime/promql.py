@@ -2,9 +2,11 @@
 
 Contract: for a window of `window_s` seconds ending at `end` (unix seconds), counters are read
 with `increase()` and `resets()`, gauges with `avg_over_time()`, histograms with `increase()` of
-their buckets, all grouped by the pod label (default `pod`; `instance` for static scrape
-configs). Prometheus handles counter resets in `increase()`. Transport and query errors become
-`PromQLError`; series that are missing or NaN are simply absent from the stats.
+their buckets, `_sum` and `_count` (the integrals behind the running batch: the same numbers
+`specpilot.runtime.scrape.window_stats` reads from two snapshots), all grouped by the pod label
+(default `pod`; `instance` for static scrape configs). Prometheus handles counter resets in
+`increase()`. Transport and query errors become `PromQLError`; series that are missing or NaN
+are simply absent from the stats.
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ class PromQLReader:
         counters: dict[str, dict[str, float]] = {}
         gauges: dict[str, dict[str, float]] = {}
         histograms: dict[str, dict[str, dict[float, float]]] = {}
+        sums: dict[str, dict[str, float]] = {}
+        counts: dict[str, dict[str, float]] = {}
         resets: dict[str, float] = {}
         for spec in engine_metrics(engine):
             series = self._series(spec.name if spec.kind != "histogram" else spec.name + "_bucket")
@@ -76,10 +80,16 @@ class PromQLReader:
                 for labels, value in self.query(query, end):
                     gauges.setdefault(labels.get(pod, ""), {})[spec.key] = value
             else:
-                query = f"sum by ({pod}, le) (increase({series}[{window}]))"
-                for labels, value in self.query(query, end):
-                    per_pod = histograms.setdefault(labels.get(pod, ""), {})
-                    per_pod.setdefault(spec.key, {})[float(labels["le"])] = value
+                if spec.buckets:
+                    query = f"sum by ({pod}, le) (increase({series}[{window}]))"
+                    for labels, value in self.query(query, end):
+                        per_pod = histograms.setdefault(labels.get(pod, ""), {})
+                        per_pod.setdefault(spec.key, {})[float(labels["le"])] = value
+                for suffix, into in (("_sum", sums), ("_count", counts)):
+                    part = self._series(spec.name + suffix)
+                    query = f"sum by ({pod}) (increase({part}[{window}]))"
+                    for labels, value in self.query(query, end):
+                        into.setdefault(labels.get(pod, ""), {})[spec.key] = value
         positions: dict[str, dict[int, float]] = {}
         if engine == "vllm":
             query = (
@@ -87,7 +97,7 @@ class PromQLReader:
             )
             for labels, value in self.query(query, end):
                 positions.setdefault(labels.get(pod, ""), {})[int(labels["position"])] = value
-        pods = sorted(set(counters) | set(gauges) | set(histograms))
+        pods = sorted(set(counters) | set(gauges) | set(histograms) | set(sums))
         return [
             WindowStats(
                 pod=name,
@@ -95,6 +105,8 @@ class PromQLReader:
                 counters=counters.get(name, {}),
                 gauges=gauges.get(name, {}),
                 histograms=histograms.get(name, {}),
+                histogram_sums=sums.get(name, {}),
+                histogram_counts=counts.get(name, {}),
                 accepted_per_position=positions.get(name, {}),
                 counter_resets=int(resets.get(name, 0)),
             )

@@ -3,8 +3,10 @@
 Contract: `parse_snapshot` reads Prometheus text exposition with prometheus_client's parser (no
 regexes) and keeps every sample; `window_stats` takes a pod's snapshots in time order and
 computes counter increases the way Prometheus' `increase()` does without extrapolation (a drop
-is a counter reset: the new process counted from zero), gauge means and histogram bucket
-increases. NaN samples are skipped; a counter that appears mid-window counts from zero.
+is a counter reset: the new process counted from zero), gauge means, histogram bucket
+increases and the increases of each histogram's `_sum` and `_count` (the integrals behind the
+running batch, `engine_metrics.running_estimate`), under the same reset rule. NaN samples are
+skipped; a counter that appears mid-window counts from zero.
 """
 
 from __future__ import annotations
@@ -74,6 +76,8 @@ def window_stats(engine: str, pod: str, snapshots: Sequence[Snapshot]) -> Window
     counters: dict[str, float] = {}
     gauges: dict[str, float] = {}
     histograms: dict[str, dict[float, float]] = {}
+    sums: dict[str, float] = {}
+    counts: dict[str, float] = {}
     resets = 0
     for spec in engine_metrics(engine):
         if spec.kind == "gauge":
@@ -86,9 +90,14 @@ def window_stats(engine: str, pod: str, snapshots: Sequence[Snapshot]) -> Window
                 counters[spec.key], spec_resets = increase
                 resets += spec_resets
         else:
-            buckets = _bucket_increases(ordered, spec.name)
-            if buckets:
-                histograms[spec.key] = buckets
+            if spec.buckets:
+                buckets = _bucket_increases(ordered, spec.name)
+                if buckets:
+                    histograms[spec.key] = buckets
+            for suffix, into in (("_sum", sums), ("_count", counts)):
+                found = _increase(ordered, spec.name + suffix, _any_labels)
+                if found is not None:
+                    into[spec.key] = found[0]
     per_position: dict[int, float] = {}
     if engine == "vllm":
         for position in _label_values(ordered, VLLM_PER_POSITION, "position"):
@@ -101,6 +110,8 @@ def window_stats(engine: str, pod: str, snapshots: Sequence[Snapshot]) -> Window
         counters=counters,
         gauges=gauges,
         histograms=histograms,
+        histogram_sums=sums,
+        histogram_counts=counts,
         accepted_per_position=per_position,
         counter_resets=resets,
     )

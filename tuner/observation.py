@@ -22,6 +22,8 @@ class Observation:
     acceptance_rate: float | None
     acceptance_per_position: tuple[float, ...] | None
     running_requests: float | None
+    """Mean number of running requests (the batch) over the window, per engine: a time
+    integral of the engine's own request-phase histograms where they allow."""
     waiting_requests: float | None
     kv_cache_usage: float | None
     generation_tokens_per_s: float | None
@@ -31,6 +33,11 @@ class Observation:
     counter_resets: int = 0
     prompt_tokens_per_s: float | None = None
     """Prefill tokens processed per second; with generation, how prefill-heavy the traffic is."""
+    running_requests_gauge: float | None = None
+    """The engine's running-requests gauge averaged over the window's scrape instants: the
+    cross-check of `running_requests`, which is a time integral where the engine's histograms
+    allow (specpilot.runtime.engine_metrics.running_estimate). A busy engine answers a scrape
+    between its steps, so a few instants can all catch an emptied batch."""
 
     @property
     def engines(self) -> int:

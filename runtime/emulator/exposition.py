@@ -6,7 +6,10 @@ engine (sources: vllm/v1/metrics/loggers.py and buckets.py; sglang/srt/observabi
 metrics_collector.py and managers/scheduler_components/metrics_reporter.py; the SGLang dialect is
 checked against a live SGLang server by tests/contract/test_sglang_server.py):
 - vLLM: gauges refreshed every step; inter-token latency observed once per request per engine
-  step (so with speculation it is per step, not per token); spec-decode counters per draft.
+  step (so with speculation it is per step, not per token); spec-decode counters per draft;
+  when a request finishes, its phase times (vllm/v1/metrics/stats.py): queue (arrival to first
+  scheduled), prefill (first scheduled to first token), decode (first to last token) and
+  inference (first scheduled to last token), preemptions included.
 - SGLang: the scheduler's gauges (labels model_name, engine_type, tp/pp/moe_ep rank) exist from
   startup at 0. Every SGLANG_WINDOW_STEPS decode batches they are all published: running,
   queue, token usage, throughput over the window, and acceptance length = (accepted drafts + one
@@ -17,6 +20,8 @@ checked against a live SGLang server by tests/contract/test_sglang_server.py):
   side (labels model_name, engine_type, is_streaming where SGLang has it) counts prompt and
   generation tokens and verify calls when a request finishes, and observes inter-token latency
   per token for streamed requests only (here at the request's end, from its per-step gaps).
+  The scheduler observes each request's queue time (arrival to first forward) when it is first
+  scheduled.
 """
 
 from __future__ import annotations
@@ -125,6 +130,48 @@ SGLANG_ITL_BUCKETS = (
     6.000,
     8.000,
 )
+SGLANG_QUEUE_BUCKETS = (
+    0.0,
+    0.001,
+    0.005,
+    0.010,
+    0.050,
+    0.100,
+    0.200,
+    0.500,
+    1,
+    2,
+    3,
+    4,
+    5,
+    10,
+    15,
+    20,
+    30,
+    40,
+    50,
+    60,
+    70,
+    80,
+    90,
+    100,
+    200,
+    300,
+    400,
+    500,
+    600,
+    700,
+    800,
+    900,
+    1000,
+    1200,
+    1400,
+    1600,
+    1800,
+    2000,
+    2500,
+    3000,
+)
 SGLANG_WINDOW_STEPS = 40
 SGLANG_THROUGHPUT_STALE_S = 30.0
 
@@ -208,8 +255,17 @@ class VllmExposition(_Latencies):
         self._iteration = histogram(
             "vllm:iteration_tokens_total", "Tokens per engine step.", VLLM_ITERATION_BUCKETS
         )
+        self._phases = {
+            phase: histogram(
+                f"vllm:request_{phase}_time_seconds",
+                f"Histogram of time spent in {phase.upper()} phase for request.",
+                VLLM_LATENCY_BUCKETS,
+            )
+            for phase in ("queue", "inference", "prefill", "decode")
+        }
         self._labels = labels
         self._last_emit: dict[str, float] = {}
+        self._scheduled: dict[str, float] = {}
         # vLLM creates every series at startup (per-position ones for each of the K positions)
         for metric in (
             self._running,
@@ -223,6 +279,7 @@ class VllmExposition(_Latencies):
             self._tpot,
             self._e2e,
             self._iteration,
+            *self._phases.values(),
         ):
             metric.labels(**labels)
         if num_positions:
@@ -254,9 +311,24 @@ class VllmExposition(_Latencies):
             if previous is not None:
                 self._itl.labels(**lab).observe(end - previous)
             self._last_emit[request_id] = end
+        # vLLM keeps a request's first SCHEDULED time; a preempted one keeps it
+        for request in (*core.running, *outcome.finished):
+            self._scheduled.setdefault(request.request_id, outcome.start_s)
 
     def record_finished(self, request: Request, streaming: bool) -> None:
         self._record_latencies(self._labels, request)
+        scheduled = self._scheduled.pop(request.request_id, None)
+        first, last = request.first_token_s, request.finished_s
+        if scheduled is None or first is None or last is None:
+            return
+        phases = {
+            "queue": scheduled - request.arrival_s,
+            "prefill": first - scheduled,
+            "decode": last - first,
+            "inference": last - scheduled,
+        }
+        for phase, seconds in phases.items():
+            self._phases[phase].labels(**self._labels).observe(seconds)
 
 
 class SglangExposition(_Latencies):
@@ -287,6 +359,13 @@ class SglangExposition(_Latencies):
         self._num_steps = gauge("sglang:spec_num_steps", "Active speculative_num_steps.")
         self._num_draft_tokens = gauge(
             "sglang:spec_num_draft_tokens", "Active speculative_num_draft_tokens."
+        )
+        self._queue_time = Histogram(
+            "sglang:queue_time_seconds",
+            "Histogram of queueing time in seconds.",
+            names,
+            buckets=SGLANG_QUEUE_BUCKETS,
+            registry=r,
         )
         streaming = [*tokenizer, "is_streaming"]
         self._generated = Counter(
@@ -347,11 +426,17 @@ class SglangExposition(_Latencies):
         self._last_emit: dict[str, float] = {}
         self._verifies: dict[str, int] = {}
         self._intervals: dict[str, list[tuple[float, int]]] = {}
+        self._scheduled: set[str] = set()
 
     def record_step(self, outcome: StepOutcome, core: EngineCore) -> None:
         end = outcome.start_s + outcome.duration_s
         if self._last_decode_report is None:
             self._last_decode_report = outcome.start_s
+        for request in (*core.running, *outcome.finished):  # one sample per request
+            if request.request_id not in self._scheduled:
+                self._scheduled.add(request.request_id)
+                wait = outcome.start_s - request.arrival_s
+                self._queue_time.labels(**self._labels).observe(wait)
         for request_id, tokens in outcome.emitted.items():
             previous = self._last_emit.get(request_id)
             if previous is not None and tokens:  # a decode step (the first token is prefill's)
@@ -414,6 +499,7 @@ class SglangExposition(_Latencies):
     def record_finished(self, request: Request, streaming: bool) -> None:
         tokenizer = self._tokenizer_labels
         labels = {**tokenizer, "is_streaming": str(streaming).lower()}
+        self._scheduled.discard(request.request_id)
         self._prompt.labels(**labels).inc(request.prompt_tokens)
         self._generated.labels(**labels).inc(request.generated)
         verifies = self._verifies.pop(request.request_id, 0)

@@ -200,18 +200,16 @@ def test_live_server_serves_and_metrics_read_right(vllm_server: str) -> None:
     assert observation.acceptance_length == pytest.approx(by_hand, rel=1e-12)
     assert 1.0 < by_hand <= 4.0  # K=3: at most 3 accepted plus the bonus token
     idle_running = observe("vllm", [window_stats("vllm", "server", idle)]).running_requests
-    peak_running = max(
-        s.series("vllm:num_requests_running").get((("engine", "0"), ("model_name", SERVED)), 0.0)
-        for s in during
-    )
+    # The batch is an integral over the window, not the gauge at scrape instants (which a busy
+    # CPU engine answers between steps): 16 clients keep several requests in the engine.
     assert idle_running == 0.0
-    assert peak_running > 1.0
-    assert observation.running_requests is not None and observation.running_requests > 0.0
+    assert observation.running_requests is not None and observation.running_requests > 1.0
+    peak_running = observation.running_requests
     assert (
         observation.generation_tokens_per_s is not None and observation.generation_tokens_per_s > 0
     )
     assert observation.tpot_p50_s is not None and observation.ttft_p95_s is not None
-    print(f"live vLLM ngram K=3: acceptance length {by_hand:.4f}, peak running {peak_running}")
+    print(f"live vLLM ngram K=3: acceptance length {by_hand:.4f}, mean batch {peak_running:.2f}")
 
 
 @pytest.fixture
@@ -275,12 +273,10 @@ def test_promql_reader_matches_raw_counters(vllm_server: str, prometheus: str) -
     assert drafts > 0
     assert observation.acceptance_length == pytest.approx(1 + accepted / drafts, rel=1e-6)
     assert observation.pods == (vllm_server.removeprefix("http://"),)
-    assert observation.running_requests is not None and observation.running_requests > 0
-    window = f"{round(window_end - window_start)}s"
-    peak = reader.query(
-        f'max_over_time(vllm:num_requests_running{{job="vllm"}}[{window}])', window_end
-    )
-    assert peak and peak[0][1] > 1.0
+    # The batch is an integral over the window (engine_metrics.running_estimate), not the
+    # gauge at scrape instants, which a busy CPU engine answers between steps: with 16 clients
+    # the engine holds several requests at once whenever Prometheus happened to scrape.
+    assert observation.running_requests is not None and observation.running_requests > 1.0
     assert (
         observation.generation_tokens_per_s is not None and observation.generation_tokens_per_s > 0
     )

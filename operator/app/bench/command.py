@@ -59,7 +59,9 @@ from specpilot.runtime.request_traces import RequestTrace, load_any_trace, parse
 from specpilot.runtime.traces import Trace
 from specpilot.tuner import GPUS, PROFILES, ConfigError, StepCost
 
-POISSON_DURATION_S = 300.0
+POISSON_DURATION_S = 900.0
+"""Each Poisson rate runs this long: long enough that a tuner's first windows, its minimum dwell
+and one restart are a small part of the run, as they are of a real deployment's steady load."""
 ATTAINMENT_TARGET = 0.9
 
 
