@@ -15,6 +15,9 @@ Contract:
   (request traces) or expected arrivals (rate curves); for request traces the result's busiest
   minute holds round(peak x capacity x 60) requests, so its rate is within 1/120 req/s of the
   target.
+- `amplify_to_peak_load(trace, peak, capacity_rps, seed)` reaches the same busiest minute while
+  keeping the trace's clock (duplicating or thinning requests; rate curves scaled): what the
+  bench's `--peak-load` uses, so a trace's load moves as fast as it did when recorded.
 - `poisson_requests(rate_rps, duration_s, shape, seed)` generates Poisson arrivals with tasks
   and lengths from a `RequestShape`; the same seed gives the same trace, and traces at
   different rates with one seed share their random numbers (request i has the same task and
@@ -109,6 +112,37 @@ def scale_to_peak_load(
     if isinstance(trace, Trace):
         return time_scale(trace, factor)
     return time_scale(trace, factor)
+
+
+def amplify_to_peak_load(
+    trace: RequestTrace | Trace, peak: float, capacity_rps: float, seed: int = 0
+) -> RequestTrace | Trace:
+    """`--peak-load F` keeping the trace's clock: its busiest minute offers F x capacity while an
+    hour stays an hour, so load moves as fast as it did when it was recorded (compressing time
+    would make a tuner with minute-long windows and restarts chase load that moves F-fold
+    faster than any real one). A rate curve's rates are multiplied by the factor. A request
+    trace is amplified: each request is kept `floor(m)` times and once more with probability
+    `m - floor(m)` (m < 1 thins it), the copies spread uniformly between the request's arrival
+    and the next one's, with the original's lengths and task, seeded. The busiest minute then
+    offers F x capacity in expectation (a draw moves it by a few percent)."""
+    peak = _check_positive("--peak-load", peak)
+    capacity_rps = _check_positive("capacity (requests/s)", capacity_rps)
+    factor = peak * capacity_rps / busiest_minute_rps(trace)
+    if isinstance(trace, Trace):
+        rows = tuple(replace(row, rps=row.rps * factor) for row in trace.rows)
+        return Trace(trace.name, rows)
+    rng = random.Random(seed)
+    requests = trace.requests
+    mean_gap = trace.duration_s / max(1, len(requests))
+    out: list[TraceRequest] = []
+    for i, request in enumerate(requests):
+        gap = requests[i + 1].arrival_s - request.arrival_s if i + 1 < len(requests) else mean_gap
+        copies = math.floor(factor) + (rng.random() < factor - math.floor(factor))
+        for j in range(copies):
+            arrival = request.arrival_s + (rng.uniform(0.0, gap) if j else 0.0)
+            out.append(replace(request, arrival_s=arrival))
+    out.sort(key=lambda r: r.arrival_s)
+    return replace(trace, requests=tuple(out))
 
 
 def _tightest_span(arrivals: Sequence[float], k: int) -> float:

@@ -11,6 +11,7 @@ import pytest
 from specpilot.runtime.load_shaping import (
     TaskShapes,
     TraceShapes,
+    amplify_to_peak_load,
     busiest_minute_rps,
     parse_poisson_sweep,
     peak_load_factor,
@@ -245,6 +246,34 @@ def test_peak_load_beyond_the_trace_is_refused() -> None:
         scale_to_peak_load(tiny, 1.0, 10.0)  # 600 requests in a minute from 2
     with pytest.raises(ConfigError, match="capacity"):
         scale_to_peak_load(tiny, 1.0, 0.0)
+
+
+@pytest.mark.parametrize(("peak", "capacity"), [(1.2, 21.7), (1.2, 86.8), (0.5, 6.0)])
+def test_amplified_peak_load_keeps_the_clock_and_the_request_shapes(
+    peak: float, capacity: float
+) -> None:
+    trace = load_any_trace(AZURE)
+    assert isinstance(trace, RequestTrace)
+    scaled = amplify_to_peak_load(trace, peak, capacity, seed=5)
+    assert isinstance(scaled, RequestTrace)
+    factor = peak * capacity / busiest_minute_rps(trace)
+    assert len(scaled.requests) == pytest.approx(factor * len(trace.requests), rel=0.02)
+    assert scaled.duration_s == pytest.approx(trace.duration_s, rel=0.01)  # an hour stays one
+    # in expectation: a draw moves the busiest minute by a few percent
+    assert busiest_minute_rps(scaled) == pytest.approx(peak * capacity, rel=0.1)
+    shapes = {(r.prompt_tokens, r.output_tokens, r.task) for r in trace.requests}
+    assert {(r.prompt_tokens, r.output_tokens, r.task) for r in scaled.requests} <= shapes
+    arrivals = [r.arrival_s for r in scaled.requests]
+    assert arrivals == sorted(arrivals)
+    assert amplify_to_peak_load(trace, peak, capacity, seed=5) == scaled
+
+
+def test_amplified_peak_load_on_a_rate_curve_scales_its_rates() -> None:
+    curve = parse_trace("t,rps,chat\n0,2,1\n30,10,1\n50,4,1\n300,1,1\n600,0,1\n")
+    scaled = amplify_to_peak_load(curve, 1.2, 15.0)
+    assert isinstance(scaled, Trace)
+    assert busiest_minute_rps(scaled) == pytest.approx(1.2 * 15.0, rel=1e-9)
+    assert [r.t for r in scaled.rows] == [r.t for r in curve.rows]
 
 
 def test_poisson_mean_rate_and_determinism() -> None:

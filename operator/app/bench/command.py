@@ -12,8 +12,9 @@ command, the seeds and the wall time. A bad argument or trace is one `error:` li
 ConfigError handling), never a traceback.
 
 Traffic: a rate curve (`t,rps,<task>...`) or a per-request trace (Azure, Mooncake;
-`--task-mix` sets the tasks, which no trace carries). `--peak-load F` compresses time so the
-busiest minute offers F x the no-speculation capacity of the deployment (measured here on the
+`--task-mix` sets the tasks, which no trace carries). `--peak-load F` amplifies (or thins) the
+requests, keeping the trace's clock, so the busiest minute offers F x the no-speculation
+capacity of the deployment (measured here on the
 nominal world with the traffic's own request shapes, times the replicas); `--poisson A:B:N`
 replaces the trace by N Poisson runs at fractions A..B of that capacity, and adds each
 policy's capacity at 90% standard-tier attainment (DistServe's goodput).
@@ -50,9 +51,9 @@ from specpilot.runtime.load_shaping import (
     RequestShape,
     TaskShapes,
     TraceShapes,
+    amplify_to_peak_load,
     parse_poisson_sweep,
     poisson_requests,
-    scale_to_peak_load,
     time_scale,
 )
 from specpilot.runtime.request_traces import RequestTrace, load_any_trace, parse_task_mix
@@ -170,7 +171,7 @@ def _shaped(
             for fraction in parse_poisson_sweep(ns.poisson)
         ]
     if ns.peak_load is not None:
-        shaped = scale_to_peak_load(loaded, ns.peak_load, capacity)
+        shaped = amplify_to_peak_load(loaded, ns.peak_load, capacity, seed=ns.seed)
     elif ns.time_scale is not None:
         shaped = time_scale(loaded, ns.time_scale)
     else:
