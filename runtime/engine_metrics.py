@@ -153,6 +153,11 @@ def observe_per_pod(engine: str, stats: Iterable[WindowStats]) -> dict[str, Obse
     return {s.pod: observe(engine, [s]) for s in stats}
 
 
+SGLANG_MIN_REQUESTS = 8
+"""Requests through a window (mean of starts and completions) below which SGLang's batch is
+read from its gauge."""
+
+
 def running_estimate(engine: str, s: WindowStats) -> float | None:
     """One pod's mean number of running requests over its window, by Little's law: the
     request-seconds the engine accumulated in the window divided by the window's length.
@@ -195,7 +200,9 @@ def running_estimate(engine: str, s: WindowStats) -> float | None:
     request, and whole requests' worth of rounding when the window holds few of them. With no
     completion in the window, or no queue-time series (queueing would count as running), the
     scheduler's `sglang:num_running_reqs` gauge, refreshed every prefill batch and every 40
-    decode batches.
+    decode batches; the gauge too when fewer than SGLANG_MIN_REQUESTS requests passed through
+    the window (one long request in a 12 s window read 0.56 for one user; the gauge, which
+    SGLang holds between refreshes rather than dropping between steps as vLLM's does, read 1).
     A zero-length window reads the gauge; a counter reset (a restarted engine) counts the new
     process from zero, so a window spanning a restart reads what ran after it."""
     gauge = s.gauges.get("running")
@@ -214,6 +221,8 @@ def running_estimate(engine: str, s: WindowStats) -> float | None:
     finished, started = counts.get("e2e_s", 0.0), counts.get("queue_s")
     if finished <= 0 or started is None:
         return gauge
+    if gauge is not None and (started + finished) / 2 < SGLANG_MIN_REQUESTS:
+        return gauge  # too few requests through the window for their mean time to mean much
     queued = sums.get("queue_s", 0.0) / started if started > 0 else 0.0
     per_request = max(0.0, sums.get("e2e_s", 0.0) / finished - queued)
     return per_request * (started + finished) / 2 / window
