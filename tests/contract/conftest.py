@@ -109,6 +109,33 @@ def wait_http_ok(process: Process, url: str, timeout_s: float) -> None:
     pytest.fail(f"{url} not ready after {timeout_s}s:\n{process.tail()}")
 
 
+def start_prometheus(
+    binary: Path, job: str, target: str, folder: Path, stopper: list[Process]
+) -> str:
+    """A real Prometheus scraping `target` (host:port) every second as `job`; its URL once
+    ready. Stopped with the test's other processes."""
+    port = free_port()
+    config = folder / "prometheus.yml"
+    config.write_text(
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+        f"scrape_configs:\n  - job_name: {job}\n"
+        f"    static_configs:\n      - targets: ['{target}']\n"
+    )
+    process = start(
+        [
+            str(binary),
+            f"--config.file={config}",
+            f"--storage.tsdb.path={folder / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        folder / "prometheus.log",
+    )
+    stopper.append(process)
+    url = f"http://127.0.0.1:{port}"
+    wait_http_ok(process, f"{url}/-/ready", timeout_s=60)
+    return url
+
+
 @pytest.fixture(scope="session")
 def models() -> Path:
     return require(MODELS / "llama").parent

@@ -33,7 +33,16 @@ from specpilot.runtime.promql import PromQLReader
 from specpilot.runtime.scrape import Snapshot, fetch_snapshot, window_stats
 from specpilot.tuner import SpecConfig
 
-from conftest import OFFLINE_ENV, VLLM_PYTHON, Process, free_port, require, start, wait_http_ok
+from conftest import (
+    OFFLINE_ENV,
+    VLLM_PYTHON,
+    Process,
+    free_port,
+    require,
+    start,
+    start_prometheus,
+    wait_http_ok,
+)
 
 pytestmark = pytest.mark.engines
 SERVED = "wide"
@@ -110,25 +119,9 @@ def test_two_scrapes_read_the_clients_concurrency(vllm_url: str, users: int) -> 
 def prometheus(
     prometheus_binary: Path, vllm_url: str, tmp_path: Path, stopper: list[Process]
 ) -> PromQLReader:
-    port = free_port()
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
-        "global:\n  scrape_interval: 1s\n"
-        "scrape_configs:\n  - job_name: vllm\n"
-        f"    static_configs:\n      - targets: ['{vllm_url.removeprefix('http://')}']\n"
-    )
-    process = start(
-        [
-            str(prometheus_binary),
-            f"--config.file={config}",
-            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        tmp_path / "prometheus.log",
-    )
-    stopper.append(process)
-    wait_http_ok(process, f"http://127.0.0.1:{port}/-/ready", timeout_s=60)
-    return PromQLReader(f"http://127.0.0.1:{port}", pod_label="instance", selector='job="vllm"')
+    target = vllm_url.removeprefix("http://")
+    url = start_prometheus(prometheus_binary, "vllm", target, tmp_path, stopper)
+    return PromQLReader(url, pod_label="instance", selector='job="vllm"')
 
 
 def test_promql_reads_the_same_batch(vllm_url: str, prometheus: PromQLReader) -> None:

@@ -51,7 +51,7 @@ from specpilot.runtime.engines import LaunchSettings
 from specpilot.runtime.promql import PromQLReader
 from specpilot.runtime.scrape import window_stats
 
-from conftest import Process, free_port, start, wait_http_ok
+from conftest import Process, free_port, start_prometheus
 
 pytestmark = pytest.mark.engines
 SPECPILOT = str(Path(sys.executable).parent / "specpilot")
@@ -223,39 +223,11 @@ def test_ngram_acceptance_read_directly_matches_the_requests(ngram: LiveServer) 
     )
 
 
-def start_prometheus(
-    binary: Path, target: str, folder: Path, stopper: list[Process], *, rename: bool
-) -> str:
-    """A real Prometheus scraping `target` every second. Prometheus 2.42 asks for OpenMetrics,
-    and SGLang's prometheus_client (0.26) then escapes the ':' in sample names to '_'
-    (`sglang_num_running_reqs`). With `rename` the scrape config renames them back, as a
-    deployment must while SpecPilot's PromQL reader asks only for `sglang:` names."""
-    port = free_port()
-    relabel = (
-        "    metric_relabel_configs:\n"
-        "      - source_labels: [__name__]\n"
-        "        regex: 'sglang_(.+)'\n"
-        "        target_label: __name__\n"
-        "        replacement: 'sglang:$1'\n"
-    )
-    config = folder / "prometheus.yml"
-    config.write_text(
-        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
-        "scrape_configs:\n  - job_name: sglang\n"
-        f"    static_configs:\n      - targets: ['{target}']\n" + (relabel if rename else "")
-    )
-    process = start(
-        [
-            str(binary),
-            f"--config.file={config}",
-            f"--storage.tsdb.path={folder / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        folder / "prometheus.log",
-    )
-    stopper.append(process)
-    url = f"http://127.0.0.1:{port}"
-    wait_http_ok(process, f"{url}/-/ready", timeout_s=60)
+def scraping_prometheus(binary: Path, target: str, folder: Path, stopper: list[Process]) -> str:
+    """A real Prometheus that has scraped the SGLang server at least twice. Prometheus 2.42 asks
+    for OpenMetrics, and SGLang's prometheus_client (0.26) then escapes the ':' in sample names
+    to '_' (`sglang_num_running_reqs`): SpecPilot's reader asks for both spellings."""
+    url = start_prometheus(binary, "sglang", target, folder, stopper)
     reader = PromQLReader(url)
     deadline = time.monotonic() + 60
     while not reader.query('count_over_time(up{job="sglang"}[1m]) >= 2', time.time()):
@@ -269,14 +241,14 @@ def prometheus(
     prometheus_binary: Path, ngram: LiveServer, tmp_path: Path, stopper: list[Process]
 ) -> str:
     target = ngram.url.removeprefix("http://")
-    return start_prometheus(prometheus_binary, target, tmp_path, stopper, rename=True)
+    return scraping_prometheus(prometheus_binary, target, tmp_path, stopper)
 
 
 def test_promql_reader_finds_sglang_as_prometheus_stores_it(
     ngram: LiveServer, prometheus_binary: Path, tmp_path: Path, stopper: list[Process]
 ) -> None:
     target = ngram.url.removeprefix("http://")
-    url = start_prometheus(prometheus_binary, target, tmp_path, stopper, rename=False)
+    url = scraping_prometheus(prometheus_binary, target, tmp_path, stopper)
     reader = PromQLReader(url, pod_label="instance", selector='job="sglang"')
     stored = reader.query('sglang_num_running_reqs{job="sglang"}', time.time())
     assert stored  # the escaped name is what Prometheus holds
@@ -318,7 +290,8 @@ def test_ngram_read_through_prometheus(ngram: LiveServer, prometheus: str) -> No
     )
     window = f"{round(window_end - window_start)}s"
     peak = reader.query(
-        f'max_over_time(sglang:num_running_reqs{{job="sglang"}}[{window}])', window_end
+        f'max_over_time({{__name__=~"sglang[:_]num_running_reqs",job="sglang"}}[{window}])',
+        window_end,
     )
     # at least one request seen running by a 1 s scrape; how many a loaded host's scrape
     # catches at once is physics, not SpecPilot's reading

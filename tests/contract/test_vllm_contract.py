@@ -27,6 +27,7 @@ from conftest import (
     require,
     run_engine_script,
     start,
+    start_prometheus,
     wait_http_ok,
 )
 
@@ -216,27 +217,8 @@ def test_live_server_serves_and_metrics_read_right(vllm_server: str) -> None:
 def prometheus(
     prometheus_binary: Path, vllm_server: str, tmp_path: Path, stopper: list[Process]
 ) -> str:
-    port = free_port()
     target = vllm_server.removeprefix("http://")
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
-        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
-        "scrape_configs:\n  - job_name: vllm\n"
-        f"    static_configs:\n      - targets: ['{target}']\n"
-    )
-    process = start(
-        [
-            str(prometheus_binary),
-            f"--config.file={config}",
-            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        tmp_path / "prometheus.log",
-    )
-    stopper.append(process)
-    url = f"http://127.0.0.1:{port}"
-    wait_http_ok(process, f"{url}/-/ready", timeout_s=60)
-    return url
+    return start_prometheus(prometheus_binary, "vllm", target, tmp_path, stopper)
 
 
 def wait_for_samples(reader: PromQLReader, minimum: int, timeout_s: float = 60) -> None:
