@@ -293,9 +293,11 @@ def test_ngram_read_through_prometheus(ngram: LiveServer, prometheus: str) -> No
         f'max_over_time({{__name__=~"sglang[:_]num_running_reqs",job="sglang"}}[{window}])',
         window_end,
     )
-    # at least one request seen running by a 1 s scrape; how many a loaded host's scrape
-    # catches at once is physics, not SpecPilot's reading
-    assert peak and peak[0][1] >= 1
+    # the gauge is stored under the name the reader asks for; its value is not checked: SGLang
+    # refreshes it every 40 decode steps, and on a loaded host every refresh in the window can
+    # land between bursts (CI read a peak of 0 for 32 requests). The load is checked below, from
+    # the window's integrals.
+    assert peak and peak[0][1] >= 0
     assert observation.running_requests is not None and observation.running_requests > 0
     assert observation.generation_tokens_per_s is not None
     assert observation.generation_tokens_per_s > 0
