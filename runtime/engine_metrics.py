@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Literal
 
 from specpilot.tuner import ConfigError, Observation
 
@@ -128,7 +128,7 @@ def observe(engine: str, stats: Sequence[WindowStats]) -> Observation:
     window = max((s.window_s for s in stats), default=0.0)
     length, rate, per_position = _acceptance(engine, stats)
     tpot = _merged_buckets(stats, "tpot")
-    return Observation(
+    observation = Observation(
         engine=engine,
         window_s=window,
         pods=tuple(s.pod for s in stats),
@@ -145,7 +145,24 @@ def observe(engine: str, stats: Sequence[WindowStats]) -> Observation:
         ttft_p95_s=histogram_quantile(0.95, _merged_buckets(stats, "ttft")),
         counter_resets=sum(s.counter_resets for s in stats),
         prompt_tokens_per_s=_rate(stats, "prompt_tokens"),
+        drafts=_sum_counter(stats, "drafts" if engine == "vllm" else "verify_calls"),
     )
+    return _finite_only(observation)
+
+
+def _finite_only(observation: Observation) -> Observation:
+    """The same observation with every NaN or infinite quantity made unknown (None): the last
+    guard between a reader's numbers and the tuner, whichever reader produced them (a
+    Prometheus answering "+Inf", a ratio of two huge counters)."""
+    unknown: dict[str, Any] = {}
+    for quantity in fields(observation):
+        value = getattr(observation, quantity.name)
+        if quantity.name != "window_s" and isinstance(value, float) and not math.isfinite(value):
+            unknown[quantity.name] = None
+    per_position = observation.acceptance_per_position
+    if per_position is not None and not all(math.isfinite(p) for p in per_position):
+        unknown["acceptance_per_position"] = None
+    return replace(observation, **unknown) if unknown else observation
 
 
 def observe_per_pod(engine: str, stats: Iterable[WindowStats]) -> dict[str, Observation]:

@@ -38,6 +38,9 @@ class Observation:
     cross-check of `running_requests`, which is a time integral where the engine's histograms
     allow (specpilot.runtime.engine_metrics.running_estimate). A busy engine answers a scrape
     between its steps, so a few instants can all catch an emptied batch."""
+    drafts: float | None = None
+    """Drafts verified in the window, summed over pods (vLLM's drafts counter, SGLang's verify
+    calls): how much evidence the acceptance figures carry. None: the engine does not say."""
 
     @property
     def engines(self) -> int:

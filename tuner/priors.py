@@ -7,7 +7,9 @@ hidden world around these numbers (it imports them from `specpilot.tuner`, never
 round). `acceptance_curve(method, task)` looks one up, rejecting an unknown method or task with
 a `ConfigError`; `prior_curves(configs, task)` gives the per-method priors of a config space;
 `acceptance_table()` is the whole table, built on first use (solving DFlash's p needs scipy,
-which importing the tuner must not load).
+which importing the tuner must not load). `method_prior(method, anchor, task)` is one
+method's prior as the acceptance posterior starts from it, with its spread (`prior_p_sd`);
+`task_of(priors)` names the task a set of per-method priors was taken from.
 
 Calibration (REFERENCE.md section 5; `bench/calibration.py` checks every anchored number):
 - eagle3 chat: (p, r) least-squares fitted to vLLM's EAGLE-3 MT-bench lengths for K=2..7
@@ -38,6 +40,7 @@ from collections.abc import Iterable, Mapping
 from typing import Literal, get_args
 
 from specpilot.tuner._model.acceptance import AcceptanceCurve, p_for_length
+from specpilot.tuner._model.acceptance_posterior import MethodPrior
 from specpilot.tuner.spec_config import ConfigError, SpecConfig
 
 Task = Literal["chat", "code", "summarize", "math", "creative"]
@@ -124,3 +127,45 @@ def prior_curves(configs: Iterable[SpecConfig], task: str = "chat") -> dict[str,
     """Each speculative config's method -> its published prior on `task` (what
     `TunerState.initial` starts from)."""
     return {c.method: acceptance_curve(c.method, task) for c in configs if c.speculative}
+
+
+PRIOR_P_SD: dict[str, float] = {"ngram": 0.25, "suffix": 0.25}
+"""How far a method's true p may sit from its prior before it has run (the prior's strength:
+`acceptance_posterior.prior_drafts`). Copying drafters depend on the traffic most: n-gram's
+published K=3 lengths span 1.16 (math) to 2.03 (code), and repetitive greedy traffic on the
+CPU bench gave 3.6 (REFERENCE.md sections 5-6)."""
+LEARNED_DRAFTER_P_SD = 0.08
+"""Model-based drafters (EAGLE, MTP, draft models, DFlash) move less with the task: MTP's
+published per-token rates span 0.83 to 0.95 across tasks (REFERENCE.md section 5)."""
+
+
+def prior_p_sd(method: str) -> float:
+    """The prior's standard deviation of p for `method`."""
+    return PRIOR_P_SD.get(method, LEARNED_DRAFTER_P_SD)
+
+
+def method_prior(method: str, anchor: AcceptanceCurve, task: str) -> MethodPrior:
+    """`method`'s prior as the posterior starts from it: the table's per-task chains (a method
+    the table lacks is the same on every task), `anchor` (the chain the state was given, for
+    traffic that is all `task`), and the prior's spread."""
+    table = acceptance_table().get(method)
+    tasks = tuple(table[t] for t in TASKS) if table is not None else (anchor,) * len(TASKS)
+    return MethodPrior(
+        tasks=tasks,
+        anchor=anchor,
+        anchor_mix=tuple(1.0 if t == task else 0.0 for t in TASKS),
+        p_sd=prior_p_sd(method),
+    )
+
+
+def task_of(priors: Mapping[str, AcceptanceCurve]) -> str:
+    """The task whose published priors these are (all methods alike), else chat: the task
+    mix the tuner starts from."""
+    table = acceptance_table()
+    for task in TASKS:
+        if priors and all(
+            m in table and abs(table[m][task].p - c.p) < 1e-9 and abs(table[m][task].r - c.r) < 1e-9
+            for m, c in priors.items()
+        ):
+            return task
+    return "chat"

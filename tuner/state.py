@@ -1,42 +1,66 @@
 """Tuner state: what the tuner has learned, as bounded JSON an operator can persist and resume.
 
 Contract: `TunerState` is frozen; learning returns a new state. It holds the running config and
-since when, recent restart times (the last hour's), per-method acceptance estimates with the
-number of windows behind each (their uncertainty), the
-traffic's prompt/output token ratio and context per request, the last few windows' batch (the
-load's trend) and per-(config, batch bucket) residual summaries (log of measured over prior
-throughput, recent windows weighted most), at most MAX_RESIDUALS of them (the least-supported
-are dropped first), so its JSON stays small whatever the history length.
+since when, recent restart times (the last hour's), per method the published prior it started
+from and the engine's discounted acceptance counts per draft position (with the task weights
+they were measured under: `_model/acceptance_posterior.py`), the traffic's task weights as a
+Dirichlet (`_model/task_mix.py`), the traffic's prompt/output token ratio and context per
+request, the last few windows' batch (the load's trend) and per-(config, batch bucket)
+residual summaries (log of measured over prior throughput, recent windows weighted most), at
+most MAX_RESIDUALS of them (the least-supported are dropped first), so its JSON stays small
+whatever the history length.
+
+Acceptance is a posterior: `acceptance_curves()` and `acceptance_sd()` give each method's
+fitted chain (p, r) and the standard deviation of p, for every method, running or not. The
+running method's window moves the task weights first (by how far its length departs from its
+own estimate), then adds its counts (per position where the engine gives them, from the mean
+length otherwise); a method that is not running follows the task weights through its prior.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeGuard
 
-from specpilot.tuner._model.acceptance import AcceptanceCurve, p_for_length
+from specpilot.tuner._model import task_mix
+from specpilot.tuner._model.acceptance import AcceptanceCurve
+from specpilot.tuner._model.acceptance_posterior import (
+    WINDOW_ESS,
+    Counts,
+    Estimate,
+    MethodPrior,
+    absorb,
+    counts_from_length,
+    counts_from_survival,
+    estimate,
+    idle,
+)
 from specpilot.tuner._model.surrogate import ResidualPoint
 from specpilot.tuner.observation import Observation
-from specpilot.tuner.spec_config import SpecConfig
+from specpilot.tuner.priors import TASKS, method_prior, task_of
+from specpilot.tuner.spec_config import ConfigError, SpecConfig
 
 MAX_RESIDUALS = 128
 LEARNING_RATE = 0.3
-"""Weight of a new window in the moving estimates (acceptance, traffic)."""
+"""Weight of a new window in the moving traffic estimates (prompt ratio, context)."""
 RECENT_WINDOWS = 4
 MAX_RESIDUAL_WEIGHT = 8.0
 """A residual summary averages about this many recent windows, so it follows drift."""
-MAX_ACCEPTANCE_SUPPORT = 2 / LEARNING_RATE - 1
-"""The moving estimate's effective sample size: its uncertainty stops shrinking there."""
-PRIOR_P_SD: dict[str, float] = {"ngram": 0.25, "suffix": 0.25}
-"""How far a method's true p may sit from its prior before it has run. Copying drafters
-depend on the traffic most: n-gram's published K=3 lengths span 1.16 (math) to 2.03 (code),
-and repetitive greedy traffic on the CPU bench gave 3.6 (REFERENCE.md sections 5-6)."""
-LEARNED_DRAFTER_P_SD = 0.08
-"""Model-based drafters (EAGLE, MTP, draft models, DFlash) move less with the task: MTP's
-published per-token rates span 0.83 to 0.95 across tasks (REFERENCE.md section 5)."""
+MAX_ACCEPTANCE_SUPPORT = 100.0
+"""Windows counted behind an estimate at most (the count only says measured or not; the
+posterior's own effective sample size is capped in `_model/acceptance_posterior.py`)."""
+INITIAL_TASK_STRENGTH = 2.0
+"""Pseudo-windows behind the initial task weights: the first clear move of the running
+method's acceptance is enough to shift them."""
+WINDOW_LENGTH_SD = 0.05
+"""A window's mean length wobbles this much with the requests it happened to serve."""
+
+AcceptanceCounts = tuple[str, tuple[float, ...], tuple[float, ...], tuple[float, ...]]
+"""(method, accepted per position, tried per position, task weights they were measured under)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -45,9 +69,18 @@ class TunerState:
     since_s: float
     restarts: tuple[float, ...] = ()
     acceptance: tuple[tuple[str, float, float], ...] = ()
-    """(method, p, r) per method: the prior until the method has run, then learned."""
+    """(method, p, r) per method: the prior it started from, for traffic all of `prior_task`.
+    What was learned is in `acceptance_counts`; `acceptance_curves()` is the estimate."""
     acceptance_support: tuple[tuple[str, float], ...] = ()
     """(method, windows) behind each estimate; a method absent here has not run."""
+    acceptance_counts: tuple[AcceptanceCounts, ...] = ()
+    """Per method that has run: the engine's discounted acceptance counts."""
+    prior_task: str = "chat"
+    """The task the priors were taken for: the task weights start mostly there."""
+    task_mix: tuple[float, ...] = ()
+    """The traffic's task weights (Dirichlet mean, in `TASKS` order); empty: the initial ones."""
+    task_strength: float = INITIAL_TASK_STRENGTH
+    """The Dirichlet's concentration: how sure the task weights are."""
     residuals: tuple[ResidualPoint, ...] = ()
     prefill_ratio: float = 0.0
     """Prompt tokens prefilled per output token, a moving estimate from the traffic."""
@@ -58,48 +91,117 @@ class TunerState:
 
     @classmethod
     def initial(
-        cls, current: SpecConfig, now: float, priors: Mapping[str, AcceptanceCurve]
+        cls,
+        current: SpecConfig,
+        now: float,
+        priors: Mapping[str, AcceptanceCurve],
+        task: str | None = None,
     ) -> TunerState:
+        """`priors` per method (the published ones for `task`; without `task`, the task whose
+        published priors they are, else chat)."""
+        if task is not None and task not in TASKS:
+            raise ConfigError("task", task, " | ".join(TASKS))
         return cls(
             current=current,
             since_s=now,
             acceptance=tuple(sorted((m, c.p, c.r) for m, c in priors.items())),
+            prior_task=task if task is not None else task_of(priors),
         )
+
+    def with_priors(self, priors: Mapping[str, AcceptanceCurve]) -> TunerState:
+        """Methods of `priors` this state lacks start from their prior (candidates added)."""
+        known = {m for m, _, _ in self.acceptance}
+        added = [(m, c.p, c.r) for m, c in priors.items() if m not in known]
+        if not added:
+            return self
+        return replace(self, acceptance=tuple(sorted((*self.acceptance, *added))))
+
+    def task_weights(self) -> dict[str, float]:
+        """The traffic's task weights as the tuner believes them."""
+        return dict(zip(TASKS, self._mix(), strict=True))
 
     def acceptance_curves(self) -> dict[str, AcceptanceCurve]:
-        return {method: AcceptanceCurve(p, r) for method, p, r in self.acceptance}
+        return {method: e.curve for method, e in self._estimates().items()}
 
     def acceptance_sd(self) -> dict[str, float]:
-        """Standard deviation of each method's p: the prior's spread, shrinking with the
-        windows observed like a mean's (down to the moving estimate's effective size)."""
-        support = dict(self.acceptance_support)
-        return {
-            method: PRIOR_P_SD.get(method, LEARNED_DRAFTER_P_SD)
-            / math.sqrt(1.0 + support.get(method, 0.0))
-            for method, _, _ in self.acceptance
-        }
+        """Standard deviation of each method's p: the posterior's at the first draft position
+        (the prior's spread until the method runs, shrinking with the drafts it measured)."""
+        return {method: e.p_sd for method, e in self._estimates().items()}
 
     def learn_acceptance(self, config: SpecConfig, obs: Observation, now: float) -> TunerState:
-        """Blend the observed acceptance of the running method into its estimate."""
-        length = obs.acceptance_length
+        """Fold the running method's window into the task weights and its counts; the other
+        methods' counts fade a little."""
+        running = config.method if config.speculative else None
+        state = self._fade_others(running)
+        if running is None:
+            return state
         batch = obs.running_requests
-        if not config.speculative or length is None or batch is None:
-            return self
-        k = config.k_for_batch(max(1, round(batch)))
-        curves = self.acceptance_curves()
-        prior = curves.get(config.method)
-        if k == 0 or prior is None:
-            return self
-        observed_p = p_for_length(length, k, prior.r)
-        p = (1 - LEARNING_RATE) * prior.p + LEARNING_RATE * observed_p
-        curves[config.method] = AcceptanceCurve(p, prior.r)
-        support = dict(self.acceptance_support)
-        support[config.method] = min(support.get(config.method, 0.0) + 1, MAX_ACCEPTANCE_SUPPORT)
+        k = config.k_for_batch(max(1, round(batch))) if _finite(batch) else config.max_k
+        current = state._estimates().get(running)
+        if current is None or k <= 0:
+            return state
+        length = obs.acceptance_length if _finite(obs.acceptance_length) else None
+        drafts = obs.drafts
+        if drafts is not None and not (_finite(drafts) and drafts > 0):
+            return state  # nothing drafted, or a broken counter: nothing to learn
+        window_drafts = drafts if drafts is not None else WINDOW_ESS
+        survival = _trusted_survival(config, obs, k)
+        if survival is not None:
+            accepted, trials = counts_from_survival(survival, window_drafts)
+        elif length is not None and length >= 1.0:
+            accepted, trials = counts_from_length(length, k, current.prior_r, window_drafts)
+        else:
+            return state
+        if length is not None:
+            state = state._learn_task_mix(running, current, length, k)
+        counts = dict(state._counts())
+        counts[running] = absorb(counts.get(running), accepted, trials, state._mix())
+        support = dict(state.acceptance_support)
+        support[running] = min(support.get(running, 0.0) + 1, MAX_ACCEPTANCE_SUPPORT)
         return replace(
-            self,
-            acceptance=tuple(sorted((m, c.p, c.r) for m, c in curves.items())),
+            state,
+            acceptance_counts=_pack(counts),
             acceptance_support=tuple(sorted(support.items())),
         )
+
+    def _learn_task_mix(self, method: str, current: Estimate, length: float, k: int) -> TunerState:
+        prior = self._prior(method)
+        if prior is None:
+            return self
+        low, high = current.curve.length_range(k, current.p_sd)
+        variance = ((high - low) / 2) ** 2 + WINDOW_LENGTH_SD**2
+        innovation = length - current.curve.expected_length(k)
+        mix, strength = task_mix.update(
+            self._mix(),
+            self.task_strength,
+            prior.task_lengths(k),
+            innovation,
+            variance,
+            home=task_mix.initial_mix(TASKS, self.prior_task),
+        )
+        return replace(self, task_mix=mix, task_strength=strength)
+
+    def _fade_others(self, running: str | None) -> TunerState:
+        counts = self._counts()
+        if not any(m != running for m in counts):
+            return self
+        faded = {m: c if m == running else idle(c) for m, c in counts.items()}
+        return replace(self, acceptance_counts=_pack(faded))
+
+    def _mix(self) -> tuple[float, ...]:
+        return self.task_mix or task_mix.initial_mix(TASKS, self.prior_task)
+
+    def _counts(self) -> dict[str, Counts]:
+        return {m: Counts(a, t, w) for m, a, t, w in self.acceptance_counts}
+
+    def _prior(self, method: str) -> MethodPrior | None:
+        for m, p, r in self.acceptance:
+            if m == method:
+                return method_prior(m, AcceptanceCurve(p, r), self.prior_task)
+        return None
+
+    def _estimates(self) -> dict[str, Estimate]:
+        return _estimates(self.acceptance, self.acceptance_counts, self._mix(), self.prior_task)
 
     def learn_traffic(self, obs: Observation, kv_capacity_tokens: int | None) -> TunerState:
         """Blend the window's prompt/output ratio and context per request into the estimates."""
@@ -150,6 +252,12 @@ class TunerState:
             "restarts": list(self.restarts),
             "acceptance": [list(a) for a in self.acceptance],
             "acceptance_support": [list(a) for a in self.acceptance_support],
+            "acceptance_counts": [
+                [m, list(a), list(t), list(w)] for m, a, t, w in self.acceptance_counts
+            ],
+            "prior_task": self.prior_task,
+            "task_mix": list(self.task_mix),
+            "task_strength": self.task_strength,
             "prefill_ratio": round(self.prefill_ratio, 4),
             "context_tokens": round(self.context_tokens, 1),
             "recent_batches": [round(b, 2) for b in self.recent_batches],
@@ -170,6 +278,13 @@ class TunerState:
             acceptance_support=tuple(
                 (str(m), float(n)) for m, n in body.get("acceptance_support", [])
             ),
+            acceptance_counts=tuple(
+                (str(m), _floats(a), _floats(t), _floats(w))
+                for m, a, t, w in body.get("acceptance_counts", [])
+            ),
+            prior_task=_task(body.get("prior_task", "chat")),
+            task_mix=_floats(body.get("task_mix", [])),
+            task_strength=float(body.get("task_strength", INITIAL_TASK_STRENGTH)),
             prefill_ratio=float(body.get("prefill_ratio", 0.0)),
             context_tokens=float(body.get("context_tokens", 0.0)),
             recent_batches=tuple(float(b) for b in body.get("recent_batches", [])),
@@ -180,8 +295,58 @@ class TunerState:
         )
 
 
-def _blend(estimate: float, observed: float) -> float:
-    """Moving estimate; the first observation (estimate 0: none yet) is taken as it is."""
-    if estimate == 0.0:
+def _blend(current: float, observed: float) -> float:
+    """Moving estimate; the first observation (current 0: none yet) is taken as it is."""
+    if current == 0.0:
         return observed
-    return (1 - LEARNING_RATE) * estimate + LEARNING_RATE * observed
+    return (1 - LEARNING_RATE) * current + LEARNING_RATE * observed
+
+
+def _floats(values: Any) -> tuple[float, ...]:
+    return tuple(float(v) for v in values)
+
+
+def _task(value: Any) -> str:
+    if value not in TASKS:
+        raise ValueError(f"prior_task {value!r} is not one of {' | '.join(TASKS)}")
+    return str(value)
+
+
+def _finite(value: float | None) -> TypeGuard[float]:
+    return value is not None and math.isfinite(value)
+
+
+def _pack(counts: Mapping[str, Counts]) -> tuple[AcceptanceCounts, ...]:
+    return tuple(sorted((m, c.accepted, c.trials, c.mix) for m, c in counts.items()))
+
+
+def _trusted_survival(config: SpecConfig, obs: Observation, k: int) -> tuple[float, ...] | None:
+    """The per-position shares (accepted at i / drafts) the counts may read. Under a schedule
+    a window mixes drafts of several K, and position i's share then counts drafts that never
+    offered it: only the positions every tier offers are kept, unless every draft offered all
+    (mean offered K, (length - 1) / rate, at the deepest position)."""
+    shares = obs.acceptance_per_position
+    if not shares or not all(_finite(s) and 0.0 <= s <= 1.0 for s in shares):
+        return None
+    keep = min(len(shares), config.max_k)
+    if config.schedule is not None:
+        length, rate = obs.acceptance_length, obs.acceptance_rate
+        offered = (length - 1.0) / rate if _finite(length) and _finite(rate) and rate else None
+        if offered is None or offered < keep - 0.01:
+            keep = min([keep, *(t for *_, t in config.schedule if t > 0)])
+    return tuple(shares[:keep]) if keep > 0 else None
+
+
+@functools.lru_cache(maxsize=64)
+def _estimates(
+    acceptance: tuple[tuple[str, float, float], ...],
+    counts: tuple[AcceptanceCounts, ...],
+    mix: tuple[float, ...],
+    prior_task: str,
+) -> dict[str, Estimate]:
+    # Cached: the tick asks for the same posteriors several times (learn, propose, reasons).
+    measured = {m: Counts(a, t, w) for m, a, t, w in counts}
+    return {
+        m: estimate(method_prior(m, AcceptanceCurve(p, r), prior_task), measured.get(m), mix)
+        for m, p, r in acceptance
+    }

@@ -57,6 +57,9 @@ WINDOW_FRACTION = 0.8
 """Share of the interval spent observing (the rest is deciding and writing)."""
 GOODPUT_TOLERANCE = 0.25
 """A switch whose first window measures this much below its prediction is rolled back."""
+ENGINE_START_S = 60.0
+"""An engine's start (model load) the tuner assumes before any was seen: TunerSettings'
+default."""
 DEFAULT_PROFILE = "llama-3.1-8b"
 """The prior's model profile when the spec names none (learning corrects the scale)."""
 
@@ -78,19 +81,31 @@ def forget(namespace: str, name: str) -> None:
 
 
 def settings_for(spec: SpecDeploymentSpec) -> TunerSettings:
-    # goodput counts only requests that meet the SLO; throughput counts every token
-    goodput = spec.tuning.objective == "goodput"
+    # latency and goodput keep to the SLO; throughput counts every token whatever its latency
+    with_slo = spec.tuning.objective != "throughput"
     tpot, ttft = spec.tuning.slo_tpot_p95_ms, spec.tuning.slo_ttft_p95_ms
     return TunerSettings(
         candidates=spec.candidates,
+        objective=spec.tuning.objective,
         min_dwell_s=float(spec.tuning.min_dwell_s),
+        restart_downtime_s=serving_lost_per_switch_s(spec),
         restart_budget_per_hour=spec.tuning.restart_budget_per_hour,
-        slo_tpot_p95_s=tpot / 1e3 if goodput and tpot is not None else None,
-        slo_ttft_p95_s=ttft / 1e3 if goodput and ttft is not None else None,
+        slo_tpot_p95_s=tpot / 1e3 if with_slo and tpot is not None else None,
+        slo_ttft_p95_s=ttft / 1e3 if with_slo and ttft is not None else None,
         window_s=float(spec.tuning.interval_s),
         # the catalog GPU's KV capacity at vLLM's default memory utilisation: an estimate
         kv_capacity_tokens=cost_for(spec).kv_capacity_tokens(),
     )
+
+
+def serving_lost_per_switch_s(spec: SpecDeploymentSpec) -> float:
+    """Seconds of full serving a switch loses: none with a surge rollout (maxUnavailable 0: new
+    pods start beside the old ones; the requests in flight on a stopped pod are the switch
+    cost's recompute term); else one engine start, spread over the replicas (each pod, or
+    maxUnavailable of them at a time, is down for a start while the others serve)."""
+    if spec.tuning.max_unavailable == 0:
+        return 0.0
+    return ENGINE_START_S
 
 
 def cost_for(spec: SpecDeploymentSpec) -> StepCost:

@@ -60,6 +60,8 @@ class _WindowTotals:
     drafts: int = 0
     draft_tokens: int = 0
     accepted: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+    """Drafts whose position i (0-based) was accepted, summed over replicas (vLLM's counter)."""
     batch_time: dict[int, float] = field(default_factory=dict)
     """Per replica id: the integral of its decode batch over the window."""
 
@@ -69,6 +71,10 @@ class _WindowTotals:
         self.drafts += progress.drafts
         self.draft_tokens += progress.draft_tokens
         self.accepted += progress.accepted
+        counts = progress.accepted_per_position
+        self.accepted_per_position.extend([0] * (len(counts) - len(self.accepted_per_position)))
+        for position, count in enumerate(counts):
+            self.accepted_per_position[position] += count
         self.batch_time[replica_id] = self.batch_time.get(replica_id, 0.0) + progress.batch_time
 
 
@@ -250,7 +256,13 @@ class EmulatedDeployment:
             pods=tuple(f"replica-{rid}" for rid, _ in ready),
             acceptance_length=1 + w.accepted / w.drafts if w.drafts else None,
             acceptance_rate=w.accepted / w.draft_tokens if w.draft_tokens else None,
-            acceptance_per_position=None,
+            # vLLM counts accepted tokens per draft position; SGLang does not
+            acceptance_per_position=(
+                tuple(a / w.drafts for a in w.accepted_per_position)
+                if self.engine == "vllm" and w.drafts and w.accepted_per_position
+                else None
+            ),
+            drafts=float(w.drafts) if w.drafts else None,
             # per engine, the mean over replicas of each one's time-averaged gauge, idle time
             # included, as engine_metrics reads scraped pods
             running_requests=sum(served) / len(served) if served and w.tokens else None,

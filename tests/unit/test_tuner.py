@@ -123,8 +123,14 @@ def test_slo_excludes_slow_configs() -> None:
 
 
 def test_finds_the_regime_on_exact_physics() -> None:
+    # tokens/s at the window's batch: the latency objective (test_latency_objective.py) reads
+    # batch 512 as beyond max-num-seqs
     tuning = TunerSettings(
-        candidates=CANDIDATES, min_dwell_s=0, synthesize_schedules=False, exploration=0.0
+        candidates=CANDIDATES,
+        objective="throughput",
+        min_dwell_s=0,
+        synthesize_schedules=False,
+        exploration=0.0,
     )
     state = TunerState.initial(SpecConfig(), 0.0, PRIORS)
     low, state = decide(physics_observation(state.current, 2.0), state, tuning, COST, 1000.0)
@@ -200,6 +206,7 @@ def test_explores_an_uncertain_method_once_and_returns_when_it_disappoints() -> 
     plain, ngram = SpecConfig(), SpecConfig(method="ngram", num_speculative_tokens=3)
     tuning = TunerSettings(
         candidates=(plain, ngram),
+        objective="throughput",
         synthesize_schedules=False,
         min_dwell_s=0,
         restart_downtime_s=5.0,
@@ -210,7 +217,9 @@ def test_explores_an_uncertain_method_once_and_returns_when_it_disappoints() -> 
     decision, state = decide(physics_observation(plain, 64.0), state, tuning, COST, 600.0)
     assert decision.action == "switch" and decision.config == ngram
     assert decision.reason.startswith("exploring (expected improvement")
-    cautious = TunerSettings(candidates=(plain, ngram), synthesize_schedules=False, min_dwell_s=0)
+    cautious = TunerSettings(
+        candidates=(plain, ngram), objective="throughput", synthesize_schedules=False, min_dwell_s=0
+    )
     for settings_without_trial in (cautious, replace(tuning, exploration=0.0)):
         held, _ = decide(
             physics_observation(plain, 64.0),
@@ -240,6 +249,7 @@ def _at_batch_160(dwell_s: float) -> tuple[TunerSettings, TunerState, Observatio
     restart costs 30 s, its gain counts over `dwell_s`."""
     settings = TunerSettings(
         candidates=(SpecConfig(), EAGLE3_K1),
+        objective="throughput",  # the restart's pricing, at today's batch
         synthesize_schedules=False,
         min_dwell_s=0,
         restart_downtime_s=30.0,

@@ -8,7 +8,9 @@ time (verification of batch x (K+1) tokens plus drafting, from `StepCost`). The 
 learned from what was measured: the log ratio of measured to prior throughput, summarised per
 (config, batch bucket), is split into a shared offset (the support-weighted mean: how far the
 hardware model is off for every config at once) and a Gaussian process (scikit-optimize) over
-(method, K, log batch, scheduled) on what the offset leaves, with its uncertainty.
+(method, K, log batch, scheduled, log context) on what the offset leaves, its kernel's
+hyperparameters fitted by marginal likelihood and the fit cached by its data
+(`residual_gp`). With no residuals the prediction is the prior, with the prior's uncertainty.
 The acceptance estimate's own uncertainty (`acceptance_sd`, per method) adds to it: a method
 that has never run is uncertain even where the GP has data at that load.
 Prefill is in the prior: each step also prefills the prompt tokens that arrive per output
@@ -24,8 +26,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 from specpilot.tuner._model.acceptance import AcceptanceCurve
+from specpilot.tuner._model.residual_gp import ResidualFit, ResidualPoint, fit_residuals
 from specpilot.tuner._model.step_cost import StepCost
-from specpilot.tuner.spec_config import SPEC_METHODS, SpecConfig
+from specpilot.tuner.spec_config import SpecConfig
+
+__all__ = ["Prediction", "Regime", "ResidualPoint", "Surrogate", "regime_of"]
 
 Regime = Literal["memory-bound", "transition", "compute-bound"]
 
@@ -53,16 +58,6 @@ class Prediction:
     config with nothing uncertain, e.g. no speculation before anything was learned)."""
 
 
-@dataclass(frozen=True, slots=True)
-class ResidualPoint:
-    """Mean log(measured / prior) for one config at one load bucket, and its weight."""
-
-    config: SpecConfig
-    log2_batch: int
-    mean: float
-    weight: float
-
-
 class Surrogate:
     """Prior from physics, residual from a GP fitted to the bounded residual summaries."""
 
@@ -79,9 +74,9 @@ class Surrogate:
         self.acceptance = acceptance
         self.acceptance_sd = acceptance_sd or {}
         self.prefill_ratio = prefill_ratio
-        total = sum(p.weight for p in residuals)
-        self.offset = sum(p.mean * p.weight for p in residuals) / total if total else 0.0
-        self._gp = _fit_gp(residuals, self.offset)
+        self.residual_fit: ResidualFit | None = fit_residuals(residuals)
+        """The fitted correction (None: nothing measured yet); cached by its data."""
+        self.offset = self.residual_fit.offset if self.residual_fit is not None else 0.0
 
     def prior(self, config: SpecConfig, batch: float, context_tokens: float) -> Prediction:
         batch_n = max(1, round(batch))
@@ -126,12 +121,12 @@ class Surrogate:
     ) -> list[Prediction]:
         """`predict` for several configs at one load, with one pass through the GP."""
         priors = [self.prior(c, batch, context_tokens) for c in configs]
-        if self._gp is None or not configs:
+        if self.residual_fit is None or not configs:
             return priors
-        means, stds = self._gp.predict([_features(c, batch) for c in configs], return_std=True)
+        means, stds = self.residual_fit.predict(configs, batch, context_tokens)
         predictions = []
         for prior, mean, std in zip(priors, means, stds, strict=True):
-            factor = math.exp(self.offset + float(mean))
+            factor = math.exp(mean)  # the offset is in the mean
             predictions.append(
                 Prediction(
                     tokens_per_s=prior.tokens_per_s * factor,
@@ -140,36 +135,7 @@ class Surrogate:
                     k=prior.k,
                     tokens_per_step=prior.tokens_per_step,
                     regime=prior.regime,
-                    uncertainty=math.hypot(float(std), prior.uncertainty),
+                    uncertainty=math.hypot(std, prior.uncertainty),
                 )
             )
         return predictions
-
-
-def _features(config: SpecConfig, batch: float) -> list[float]:
-    # Length scales by hand (one unit = one kernel length): the model's error depends mostly
-    # on the load (the hardware model is off alike for every config at one batch), less on
-    # the method, least on K and on having a schedule; so what one config measured at a load
-    # moves the other configs' predictions at that load.
-    method_index = [0.5 if config.method == m else 0.0 for m in SPEC_METHODS]
-    scheduled = 0.3 if config.schedule is not None else 0.0
-    return [*method_index, config.max_k / 8.0, math.log2(max(batch, 1.0)) / 2.0, scheduled]
-
-
-def _fit_gp(points: tuple[ResidualPoint, ...], offset: float):  # type: ignore[no-untyped-def]
-    if not points:
-        return None
-    from skopt.learning import GaussianProcessRegressor
-    from skopt.learning.gaussian_process.kernels import RBF, ConstantKernel
-
-    # Fixed hyperparameters: a few dozen noisy summaries do not support fitting them, and a
-    # fixed kernel keeps each decision cheap. Noise shrinks with a summary's support.
-    kernel = ConstantKernel(0.05, "fixed") * RBF(1.0, "fixed")
-    import numpy as np
-
-    noise = np.array([0.01 / p.weight for p in points])
-    gp = GaussianProcessRegressor(kernel=kernel, alpha=noise, normalize_y=False, random_state=0)
-    x = [_features(p.config, 2.0**p.log2_batch) for p in points]
-    y = [p.mean - offset for p in points]
-    gp.fit(x, y)
-    return gp

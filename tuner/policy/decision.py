@@ -30,7 +30,8 @@ class Decision:
     config: SpecConfig
     reason: str
     predicted_gain: float
-    """Relative throughput gain predicted for `config` over the running one (0 when staying)."""
+    """Relative per-sequence speed (throughput at the batch) gain predicted for `config` over
+    the running one (0 when staying): what the control loop checks after the switch."""
     regime: str
     predicted_tokens_per_s: float | None = None
 
@@ -46,7 +47,7 @@ def decide(
     if isinstance(belief, str):
         return _stay(state.current, belief, regime="unknown"), state
     state, current, batch = belief.state, belief.state.current, belief.batch
-    running, proposal = propose(belief, settings, cost)
+    running, proposal = propose(belief, settings, cost, observation.waiting_requests or 0.0)
     if proposal is None:
         best = f"{current.describe()} is predicted best at batch {batch:.1f} ({running.regime})"
         return _stay(current, best, running.regime, running), state
@@ -54,18 +55,21 @@ def decide(
     if held is not None:
         return _stay(current, held, running.regime, running), state
     target, predicted = proposal.config, proposal.prediction
+    compared = proposal.detail or (
+        f"{predicted.tokens_per_s:.0f} vs {running.tokens_per_s:.0f} tok/s predicted"
+    )
     reason = (
         f"{proposal.why}: {target.describe()} {proposal.gain:+.1%} over {current.describe()} at "
-        f"batch {batch:.1f} ({running.regime}, {predicted.tokens_per_s:.0f} vs "
-        f"{running.tokens_per_s:.0f} tok/s predicted"
+        f"batch {batch:.1f} ({running.regime}, {compared}"
         f"{acceptance_note(target, predicted.k, state, belief.acceptance)})"
     )
+    speed_gain = proposal.gain if proposal.speed_gain is None else proposal.speed_gain
     restarts = (*recent_restarts(state, now), now)
     return Decision(
         action="switch" if target.speculative else "off",
         config=target,
         reason=reason,
-        predicted_gain=proposal.gain,
+        predicted_gain=speed_gain,
         regime=running.regime,
         predicted_tokens_per_s=predicted.tokens_per_s,
     ), replace(state, current=target, since_s=now, restarts=restarts)

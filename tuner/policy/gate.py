@@ -14,7 +14,7 @@ from specpilot.tuner._model.step_cost import StepCost
 from specpilot.tuner._model.surrogate import Prediction
 from specpilot.tuner.policy.costs import backlog_cost, saturating, switch_cost
 from specpilot.tuner.policy.learn import Belief
-from specpilot.tuner.policy.propose import Proposal
+from specpilot.tuner.policy.proposal import Proposal
 from specpilot.tuner.policy.settings import TunerSettings
 from specpilot.tuner.state import TunerState
 

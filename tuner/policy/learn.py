@@ -2,9 +2,11 @@
 
 Contract: `learn(observation, state, settings, cost, now)` returns a `Belief` (the next state and
 the surrogate the rest of the tick predicts with) or, when the window lacks the load or the
-throughput it needs, the reason to hold: the tuner never guesses. It blends the running
-method's measured acceptance into its estimate, the traffic's prompt/output ratio and context
-per request, and remembers the window's batch (the load's trend); once the running config has
+throughput it needs, the reason to hold: the tuner never guesses. It folds the running
+method's acceptance counters into the acceptance posterior (which also moves the task weights,
+and through them the methods not running: `TunerState.learn_acceptance`), blends the traffic's
+prompt/output ratio and context per request, and remembers the window's batch (the load's
+trend); once the running config has
 served more than a window and a half since its switch, it also learns the residual of measured
 over prior throughput (a window that saw the switch also saw the restart's downtime and
 refill). Pure: `now` is the only clock.
@@ -34,7 +36,7 @@ class Belief:
     context: float
     """Context per running request the predictions assume."""
     acceptance: dict[str, AcceptanceCurve]
-    """Per-method acceptance estimates."""
+    """Per-method acceptance: each posterior's fitted chain (p, r)."""
     surrogate: Surrogate
     """The physics prior corrected by the learned residuals, with the estimates' spread."""
 

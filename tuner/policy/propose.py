@@ -1,6 +1,7 @@
 """Propose: which config would be best now, and why, before asking whether to act.
 
-Contract: `propose(belief, settings, cost)` scores the space (the candidates plus, per method,
+Contract: `propose(belief, settings, cost, waiting)` hands the latency objective to
+`latency_proposal`; for throughput and goodput it scores the space (the candidates plus, per method,
 its largest K with a synthesised schedule) with the belief's surrogate at the window's load,
 keeps those predicted to meet the per-token SLO (all of them when none does), and, when the
 load is moving, rescales each by its merit over the dwell ahead (`plan.plan_ahead`). It returns
@@ -11,47 +12,32 @@ downside is bounded; None when neither exists. Pure.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from statistics import NormalDist
+from dataclasses import replace
 
 from specpilot.tuner._model.acceptance import AcceptanceCurve
 from specpilot.tuner._model.schedule import synthesize_schedule
 from specpilot.tuner._model.step_cost import StepCost
 from specpilot.tuner._model.surrogate import Prediction, Surrogate
+from specpilot.tuner.policy.latency_proposal import propose_for_latency
 from specpilot.tuner.policy.learn import Belief
 from specpilot.tuner.policy.plan import forecast_batch, plan_ahead
+from specpilot.tuner.policy.proposal import Proposal, explore
 from specpilot.tuner.policy.settings import TunerSettings
 from specpilot.tuner.spec_config import SpecConfig
 from specpilot.tuner.state import TunerState
 
-_NORMAL = NormalDist()
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Proposal:
-    """A config the tuner would move to, with what it expects from the move."""
-
-    config: SpecConfig
-    prediction: Prediction
-    """Its (planned) prediction at the window's load."""
-    improvement: float
-    """Tokens/s over the running config: predicted, or a trial's weighted expected improvement."""
-    gain: float
-    """`improvement` relative to the running config's rate."""
-    trial_failure: float = 0.0
-    """Chance a trial turns out slower (0 when the config is predicted faster on the mean)."""
-    why: str
-    """The reason's opening: predicted faster, or exploring."""
-
 
 def propose(
-    belief: Belief, settings: TunerSettings, cost: StepCost
+    belief: Belief, settings: TunerSettings, cost: StepCost, waiting: float = 0.0
 ) -> tuple[Prediction, Proposal | None]:
+    """`waiting`: the window's mean queued requests (the latency objective reads the demand
+    the served rate hides from it)."""
     state, surrogate, batch, context = belief.state, belief.surrogate, belief.batch, belief.context
     current = state.current
     space = _space(settings, belief.acceptance, cost, state.prefill_ratio, context)
+    if settings.objective == "latency":
+        return propose_for_latency(belief, space, settings, waiting)
     scored = _score(surrogate, space, batch, context, settings)
     running = surrogate.predict(current, batch, context)
     forecast = forecast_batch(state.recent_batches, settings)
@@ -73,10 +59,10 @@ def propose(
             gain=best.tokens_per_s / running.tokens_per_s - 1.0,
             why=why,
         )
-    explore = _explore(scored, current, running, settings)
-    if explore is None:
+    trial = explore(scored, current, running, settings)
+    if trial is None:
         return running, None
-    config, prediction, improvement, trial_failure = explore
+    config, prediction, improvement, trial_failure = trial
     return running, Proposal(
         config=config,
         prediction=prediction,
@@ -141,35 +127,3 @@ def _score(
         within = [(c, p) for c, p in scored if p.tpot_s <= settings.slo_tpot_p95_s]
         scored = within or scored  # nothing meets the SLO: keep the fastest, and say so later
     return scored
-
-
-def _explore(
-    scored: Sequence[tuple[SpecConfig, Prediction]],
-    current: SpecConfig,
-    now_pred: Prediction,
-    settings: TunerSettings,
-) -> tuple[SpecConfig, Prediction, float, float] | None:
-    """The trial most worth making when no config is predicted better on the mean.
-
-    A candidate's throughput is taken as log-normal around its prediction with the surrogate's
-    uncertainty; its expected improvement over the running config (tokens/s, weighted by
-    `exploration`) is what a trial buys. Only candidates whose pessimistic prediction (one sd
-    down) is within `max_downside` of the running config are tried. Returns the config, its
-    prediction, the weighted expected improvement and the chance it turns out slower.
-    """
-    if settings.exploration <= 0:
-        return None
-    floor = (1 - settings.max_downside) * now_pred.tokens_per_s
-    best: tuple[SpecConfig, Prediction, float, float] | None = None
-    for config, pred in scored:
-        sigma = pred.uncertainty
-        if config == current or sigma <= 0 or pred.tokens_per_s * math.exp(-sigma) < floor:
-            continue
-        z = math.log(pred.tokens_per_s / now_pred.tokens_per_s) / sigma
-        improvement = settings.exploration * (
-            pred.tokens_per_s * math.exp(sigma**2 / 2) * _NORMAL.cdf(z + sigma)
-            - now_pred.tokens_per_s * _NORMAL.cdf(z)
-        )
-        if best is None or improvement > best[2]:
-            best = (config, pred, improvement, _NORMAL.cdf(-z))
-    return best

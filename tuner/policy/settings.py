@@ -7,14 +7,24 @@ policy reads it and never changes it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from specpilot.tuner.spec_config import SpecConfig
+
+Objective = Literal["latency", "throughput", "goodput"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TunerSettings:
     candidates: tuple[SpecConfig, ...]
     """The space: every allowed config (static K), already filtered by engine capability."""
+    objective: Objective = "latency"
+    """latency: the least per-token latency at the offered load among configs whose capacity
+    keeps up with the load ahead (`policy.latency`); throughput: the most tokens/s at the
+    current batch; goodput: throughput among configs meeting the SLO (slo_* below)."""
+    capacity_margin: float = 0.2
+    """Latency objective: the spare capacity a config must keep over the load ahead. Traffic
+    is bursty within a window, and a batch near its capacity waits in queue."""
     synthesize_schedules: bool = True
     """Also consider, per method, its largest K with a schedule synthesised from the model."""
     min_dwell_s: float = 300.0

@@ -133,7 +133,9 @@ def tuner_settings(setup: Setup, nominal: StepCost) -> TunerSettings:
         candidates=space_for(setup.engine),
         min_dwell_s=tuning.min_dwell_s,
         restart_budget_per_hour=tuning.restart_budget_per_hour,
-        restart_downtime_s=tuning.start_s,
+        # a surge rollout starts the new replica beside the old: no serving is lost but the
+        # requests in flight on the replica it stops (switch_cost's recompute term)
+        restart_downtime_s=0.0 if setup.rollout == "surge" else tuning.start_s,
         expected_dwell_s=tuning.expected_dwell_s,
         slo_tpot_p95_s=tuning.slo_tpot_p95_s,
         window_s=setup.window_s,

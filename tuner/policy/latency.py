@@ -1,0 +1,177 @@
+"""The latency objective: which config makes users wait least at the load the traffic brings.
+
+Contract: `load_curves(space, surrogate, context, settings)` reads each config's predictions
+along a batch grid; `latency_score(config, curve, demand, peak_demand, margin)` predicts the
+per-token latency its users would see once the engine settles at the offered demand (output
+tokens/s), and whether its capacity keeps up with the peak demand ahead: a `LatencyScore`
+(steady batch, per-token latency, capacity, overload). `rate` turns a score into the tokens/s
+units the policy's gate prices restarts in: the tokens/s served scaled by how much faster tokens
+come than at the reference latency (the running config's rate is what it serves). Pure.
+
+Why steady batch and not the current batch: a config that generates faster finishes requests
+sooner, so at the same arrival rate it holds fewer of them at once and each step is cheaper. By
+Little's law the batch b a config settles at under demand D satisfies D = b / TPOT(b), which is
+the surrogate's throughput at b. Comparing configs at the batch the running one happens to hold
+overstates the slow config's batch.
+
+Why capacity dominates: a config whose best throughput (at max-num-seqs, or at the KV limit)
+falls below the demand builds a queue that grows for as long as the demand lasts; every request
+waits behind it. No per-token gain at low load pays for that, so such a config's latency is
+priced as the slowest per-token latency of any config times the overload it would face, times
+`OVERLOAD_PENALTY`: among configs that all fall short, the one with the most capacity wins.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from specpilot.tuner._model.surrogate import Prediction, Surrogate
+from specpilot.tuner.policy.settings import TunerSettings
+from specpilot.tuner.spec_config import SpecConfig
+
+OVERLOAD_PENALTY = 10.0
+"""How much worse than the slowest per-token latency an overloaded config is priced, per unit
+of overload: a queue's wait soon dwarfs any per-token difference."""
+GRID_POINTS = 13
+"""Batches (geometric, 1 to the most the engine can hold) each config's curve is read at."""
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyScore:
+    config: SpecConfig
+    batch: float
+    """The mean batch the config settles at under the demand (max-num-seqs when overloaded)."""
+    tpot_s: float
+    """Predicted per-token latency at that batch (its full-batch one when overloaded)."""
+    capacity: float
+    """Predicted output tokens/s at its largest batch."""
+    overloaded: bool
+    latency_s: float
+    """Per-token latency as the objective prices it (the overload penalty included)."""
+    uncertainty: float
+    """Std of the log prediction there (the surrogate's)."""
+
+
+def batch_limit(context: float, settings: TunerSettings) -> float:
+    """The most requests the engine can run at once: max-num-seqs, or fewer when the KV cache
+    cannot hold that many contexts."""
+    limit = float(settings.max_batch)
+    if settings.kv_capacity_tokens and context > 0:
+        limit = min(limit, max(1.0, settings.kv_capacity_tokens / context))
+    return limit
+
+
+def batch_grid(limit: float) -> list[float]:
+    return [limit ** (i / (GRID_POINTS - 1)) for i in range(GRID_POINTS)]
+
+
+Curve = list[tuple[float, Prediction]]
+"""One config's predictions along the batch grid, (batch, prediction) in batch order."""
+
+
+def load_curves(
+    space: Sequence[SpecConfig], surrogate: Surrogate, context: float, settings: TunerSettings
+) -> list[Curve]:
+    """Each config's predictions along the batch grid (one GP pass per grid batch)."""
+    grid = batch_grid(batch_limit(context, settings))
+    by_batch = [surrogate.predict_many(space, b, context) for b in grid]
+    return [
+        [(b, predictions[i]) for b, predictions in zip(grid, by_batch, strict=True)]
+        for i in range(len(space))
+    ]
+
+
+def throughput_at(curve: Curve, batch: float) -> float:
+    """The curve's tokens/s at `batch`, interpolated log-log (clamped to the grid)."""
+    previous_b, previous = curve[0]
+    if batch <= previous_b:
+        return previous.tokens_per_s * max(batch, 1e-3) / previous_b
+    for b, prediction in curve[1:]:
+        if batch <= b:
+            share = math.log(batch / previous_b) / math.log(b / previous_b)
+            return math.exp(
+                math.log(previous.tokens_per_s)
+                + share * math.log(prediction.tokens_per_s / previous.tokens_per_s)
+            )
+        previous_b, previous = b, prediction
+    return previous.tokens_per_s
+
+
+def overload_unit(curves: Sequence[Curve]) -> float:
+    """The slowest per-token latency any config shows along the grid: an overloaded config is
+    priced in multiples of it, so that any config that keeps up beats every one that does not,
+    and among those that do not, the one with the most capacity wins."""
+    return max(p.tpot_s for curve in curves for _, p in curve)
+
+
+def latency_score(
+    config: SpecConfig,
+    curve: Curve,
+    demand: float,
+    peak_demand: float,
+    margin: float,
+    unit_s: float,
+    cautious: bool = False,
+) -> LatencyScore:
+    """`config`'s steady per-token latency at `demand`; overloaded when its capacity is below
+    peak_demand x (1 + margin), and then priced at `unit_s` x OVERLOAD_PENALTY x the
+    overload (see `overload_unit`). `cautious` prices an overload at the capacity one sd down:
+    a move made for capacity alone must be sure of it (a config that never ran at a large
+    batch may have less than the physics prior says)."""
+    top_batch, top = max(curve, key=lambda point: point[1].tokens_per_s)
+    # The mean, not a pessimistic bound: far from any measured batch the surrogate's spread
+    # is wide, and a bound would keep speculation off wherever the load is not tiny; the
+    # margin and the hysteresis carry the caution.
+    capacity = top.tokens_per_s
+    peak = max(demand, peak_demand)
+    if capacity < peak * (1.0 + margin):
+        # priced without the margin: among configs that all fall short, capacity alone ranks
+        priced = capacity * math.exp(-top.uncertainty) if cautious else capacity
+        overload = peak / priced if priced > 0 else math.inf
+        return LatencyScore(
+            config=config,
+            batch=top_batch,
+            tpot_s=top.tpot_s,
+            capacity=capacity,
+            overloaded=True,
+            latency_s=unit_s * OVERLOAD_PENALTY * overload,
+            uncertainty=top.uncertainty,
+        )
+    batch, tpot, uncertainty = _steady(curve, demand)
+    return LatencyScore(
+        config=config,
+        batch=batch,
+        tpot_s=tpot,
+        capacity=capacity,
+        overloaded=False,
+        latency_s=tpot,
+        uncertainty=uncertainty,
+    )
+
+
+def _steady(curve: Curve, demand: float) -> tuple[float, float, float]:
+    """The batch where the config's throughput meets the demand, and its per-token latency
+    there, interpolated log-log between the grid's points (below the first point the engine
+    idles part of the time at batch 1: its per-token latency is batch 1's)."""
+    previous_b, previous = curve[0]
+    if previous.tokens_per_s >= demand:
+        return max(demand * previous.tpot_s, 1e-3), previous.tpot_s, previous.uncertainty
+    for b, prediction in curve[1:]:
+        if prediction.tokens_per_s >= demand:
+            low, high = math.log(previous.tokens_per_s), math.log(prediction.tokens_per_s)
+            share = (math.log(max(demand, 1e-9)) - low) / (high - low) if high > low else 1.0
+            batch = math.exp(math.log(previous_b) + share * math.log(b / previous_b))
+            tpot = math.exp(
+                math.log(previous.tpot_s) + share * math.log(prediction.tpot_s / previous.tpot_s)
+            )
+            return batch, tpot, prediction.uncertainty
+        previous_b, previous = b, prediction
+    return previous_b, previous.tpot_s, previous.uncertainty
+
+
+def rate(score: LatencyScore, served: float, reference_tpot_s: float) -> float:
+    """The score in tokens/s units: the tokens/s served, scaled by the latency gain over the
+    reference."""
+    return served * reference_tpot_s / score.latency_s

@@ -1,0 +1,168 @@
+"""Propose under the latency objective: the config users wait least on, at the load ahead.
+
+Contract: `propose_for_latency(belief, space, settings, waiting)` reads the offered demand
+(output tokens/s served, plus the queue's share when requests wait), the demand ahead (the
+batch forecast read through the running config's curve; at max-num-seqs, beyond the running
+config's capacity), and scores every config of the space with `latency.latency_score`. It
+returns the running config's prediction and a `Proposal` in the objective's units (tokens/s
+served, scaled by the per-token latency gain; see `latency.rate`), or None. The proposal's
+`speed_gain` is the per-sequence speed gain at the window's batch, without the overload price:
+what the control loop checks after a switch, when the batch has not moved much. Pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from specpilot.tuner._model.surrogate import Prediction
+from specpilot.tuner.policy.latency import (
+    Curve,
+    LatencyScore,
+    batch_limit,
+    latency_score,
+    load_curves,
+    overload_unit,
+    rate,
+    throughput_at,
+)
+from specpilot.tuner.policy.learn import Belief
+from specpilot.tuner.policy.plan import forecast_batch
+from specpilot.tuner.policy.proposal import Proposal, explore
+from specpilot.tuner.policy.settings import TunerSettings
+from specpilot.tuner.spec_config import SpecConfig
+
+QUEUED_REQUESTS = 0.5
+"""Mean waiting requests above which the served rate understates the demand."""
+SATURATION = 0.9
+"""A forecast batch at this share of the batch limit means the running config saturates."""
+BEYOND_SATURATION = 1.25
+"""The demand a saturating forecast stands for, over the running config's capacity: the
+batch forecast stops at the limit, the demand behind it does not, and a tie with the running
+config's capacity would keep it however short it falls."""
+
+
+def offered_demand(throughput: float, batch: float, waiting: float) -> float:
+    """Output tokens/s the traffic asks for. With a queue, the served rate is the running
+    config's capacity, not the demand: the queued requests ask for their share on top
+    (each as much as a running one)."""
+    if waiting > QUEUED_REQUESTS and batch > 0:
+        return throughput * (1.0 + waiting / batch)
+    return throughput
+
+
+def demand_ahead(
+    demand: float, running: Curve, batch: float, forecast: float | None, limit: float
+) -> float:
+    """The demand the load is heading to, at least today's: the forecast batch read through
+    the running config's throughput curve; a forecast at the batch limit means the running
+    config saturates, so the demand is beyond its capacity (BEYOND_SATURATION)."""
+    if forecast is None or batch <= 0:
+        return demand
+    ahead = demand * throughput_at(running, forecast) / throughput_at(running, batch)
+    if forecast >= SATURATION * limit:
+        ahead = max(ahead, BEYOND_SATURATION * max(p.tokens_per_s for _, p in running))
+    return max(demand, ahead)
+
+
+def propose_for_latency(
+    belief: Belief, space: Sequence[SpecConfig], settings: TunerSettings, waiting: float
+) -> tuple[Prediction, Proposal | None]:
+    state, surrogate, batch, context = belief.state, belief.surrogate, belief.batch, belief.context
+    current = state.current
+    configs = list(dict.fromkeys([*space, current]))
+    curves = dict(zip(configs, load_curves(configs, surrogate, context, settings), strict=True))
+    demand = offered_demand(belief.throughput, batch, waiting)
+    forecast = forecast_batch(state.recent_batches, settings)
+    peak = demand_ahead(demand, curves[current], batch, forecast, batch_limit(context, settings))
+    unit = overload_unit(list(curves.values()))
+    # Hysteresis on capacity: a config is entered only with the margin to spare, and left only
+    # once the load ahead overloads it; else a load near the margin flips it every dwell.
+    scores = {
+        c: latency_score(
+            c,
+            curve,
+            demand,
+            peak,
+            0.0 if c == current else settings.capacity_margin,
+            unit,
+            cautious=c != current,
+        )
+        for c, curve in curves.items()
+    }
+    candidates = _within_slo(scores, settings)
+    running_score = scores[current]
+    reference = running_score.latency_s
+    at_batch = dict(zip(configs, surrogate.predict_many(configs, batch, context), strict=True))
+    now = at_batch[current]
+    # In the gate's units: tokens/s served, scaled by each config's latency gain (a restart
+    # loses what is served, not what is asked for)
+    served = belief.throughput
+    running = replace(now, tokens_per_s=served, uncertainty=running_score.uncertainty)
+    ranked = [(c, _as_prediction(scores[c], curves[c], served, reference)) for c in candidates]
+    best_config, best = max(ranked, key=lambda item: item[1].tokens_per_s)
+    detail = _detail(scores[best_config], running_score, demand, peak)
+    if best_config != current:
+        why = "predicted faster for users"
+        if running_score.overloaded:
+            why = "capacity short of the load ahead"
+        return running, Proposal(
+            config=best_config,
+            prediction=best,
+            improvement=best.tokens_per_s - served,
+            gain=best.tokens_per_s / served - 1.0,
+            why=why,
+            speed_gain=now.tpot_s / at_batch[best_config].tpot_s - 1.0,
+            detail=detail,
+        )
+    trial = explore(ranked, current, running, settings)
+    if trial is None:
+        return running, None
+    config, prediction, improvement, trial_failure = trial
+    return running, Proposal(
+        config=config,
+        prediction=prediction,
+        improvement=improvement,
+        gain=improvement / served,
+        trial_failure=trial_failure,
+        why=(
+            f"exploring (expected improvement, {trial_failure:.0%} chance it is slower, "
+            f"downside within {settings.max_downside:.0%})"
+        ),
+        speed_gain=now.tpot_s / at_batch[config].tpot_s - 1.0,
+        detail=_detail(scores[config], running_score, demand, peak),
+    )
+
+
+def _within_slo(
+    scores: dict[SpecConfig, LatencyScore], settings: TunerSettings
+) -> list[SpecConfig]:
+    """The configs predicted to meet the per-token SLO at their steady batch (all of them when
+    none does: the fastest is kept, and the reason says so)."""
+    slo = settings.slo_tpot_p95_s
+    if slo is None:
+        return list(scores)
+    within = [c for c, s in scores.items() if not s.overloaded and s.tpot_s <= slo]
+    return within or list(scores)
+
+
+def _as_prediction(
+    score: LatencyScore, curve: Curve, served: float, reference: float
+) -> Prediction:
+    """The grid point at (or just above) the steady batch, carrying the objective's rate."""
+    point = next((p for b, p in curve if b >= score.batch), curve[-1][1])
+    return replace(
+        point,
+        tokens_per_s=rate(score, served, reference),
+        tpot_s=score.tpot_s,
+        uncertainty=score.uncertainty,
+    )
+
+
+def _detail(target: LatencyScore, running: LatencyScore, demand: float, peak: float) -> str:
+    def one(score: LatencyScore) -> str:
+        state = "overloaded" if score.overloaded else f"batch {score.batch:.0f}"
+        return f"{score.tpot_s * 1e3:.1f} ms/token ({state}, capacity {score.capacity:.0f} tok/s)"
+
+    ahead = f", {peak:.0f} ahead" if peak > demand * 1.01 else ""
+    return f"at {demand:.0f} tok/s offered{ahead}: {one(target)} vs {one(running)} now"
