@@ -118,6 +118,8 @@ class ControlLoop:
         tokens_per_s, batch = before.generation_tokens_per_s, before.running_requests
         if self.goodput_tolerance is None or not tokens_per_s or not batch:
             return None
+        if not decision.speed_checked:
+            return None  # a move for capacity: under a queue the batch grows whatever runs
         gain = decision.predicted_gain
         return _PendingCheck(decision.config, previous, tokens_per_s, batch, gain)
 

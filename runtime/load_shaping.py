@@ -23,6 +23,9 @@ Contract:
   different rates with one seed share their random numbers (request i has the same task and
   lengths, its arrival scaled), so a latency-vs-rate curve compares like with like.
 - `parse_poisson_sweep("0.1:1.3:8")` -> 8 evenly spaced fractions of capacity from 0.1 to 1.3.
+- No shaping makes a runaway: a factor that would push times past what a float counts in
+  (`MAX_TRACE_S`) or requests past `MAX_REQUESTS` is a `ConfigError` naming the flag and its
+  bound, before anything is generated.
 """
 
 from __future__ import annotations
@@ -39,6 +42,12 @@ from specpilot.runtime.traces import Trace, TraceRow
 from specpilot.tuner import ConfigError
 
 MINUTE_S = 60.0
+MAX_REQUESTS = 10_000_000
+"""The most requests shaping or generation may produce: a guard against a factor or a rate that
+would loop or fill memory for hours (a week of a busy trace is well under it)."""
+MAX_TRACE_S = 1e9
+"""The longest trace in seconds (about 31 years); past it, adding a second to a float time
+no longer moves it reliably."""
 
 
 def _check_positive(name: str, value: float) -> float:
@@ -54,6 +63,9 @@ def time_scale(trace: Trace, factor: float) -> Trace: ...
 def time_scale(trace: RequestTrace | Trace, factor: float) -> RequestTrace | Trace:
     """`--time-scale F`: arrivals (row times) divided by F; a rate curve's rates times F."""
     factor = _check_positive("--time-scale", factor)
+    if trace.duration_s / factor > MAX_TRACE_S:
+        allowed = f"at least {trace.duration_s / MAX_TRACE_S:g}"
+        raise ConfigError("--time-scale", factor, allowed, f"traces up to {MAX_TRACE_S:g} s")
     if isinstance(trace, Trace):
         rows = tuple(TraceRow(r.t / factor, r.rps * factor, r.mix) for r in trace.rows)
         return Trace(trace.name, rows)
@@ -127,7 +139,14 @@ def amplify_to_peak_load(
     offers F x capacity in expectation (a draw moves it by a few percent)."""
     peak = _check_positive("--peak-load", peak)
     capacity_rps = _check_positive("capacity (requests/s)", capacity_rps)
-    factor = peak * capacity_rps / busiest_minute_rps(trace)
+    busiest = busiest_minute_rps(trace)
+    if busiest <= 0:
+        raise ConfigError("--peak-load", peak, "a trace with some traffic", "it offers none")
+    factor = peak * capacity_rps / busiest
+    size = expected_arrivals(trace) if isinstance(trace, Trace) else len(trace.requests)
+    if size * factor > MAX_REQUESTS:
+        allowed = f"at most {peak * MAX_REQUESTS / (size * factor):.3g}"
+        raise ConfigError("--peak-load", peak, allowed, f"{MAX_REQUESTS:,} requests at most")
     if isinstance(trace, Trace):
         rows = tuple(replace(row, rps=row.rps * factor) for row in trace.rows)
         return Trace(trace.name, rows)
@@ -143,6 +162,13 @@ def amplify_to_peak_load(
             out.append(replace(request, arrival_s=arrival))
     out.sort(key=lambda r: r.arrival_s)
     return replace(trace, requests=tuple(out))
+
+
+def expected_arrivals(trace: Trace) -> float:
+    """The requests a rate curve offers over its whole length, in expectation."""
+    return sum(
+        row.rps * (end.t - row.t) for row, end in zip(trace.rows, trace.rows[1:], strict=False)
+    )
 
 
 def _tightest_span(arrivals: Sequence[float], k: int) -> float:
@@ -254,6 +280,9 @@ def poisson_requests(
     """Poisson arrivals at `rate_rps` over [0, `duration_s`), each request drawn from `shape`."""
     rate_rps = _check_positive("poisson rate (requests/s)", rate_rps)
     duration_s = _check_positive("poisson duration (s)", duration_s)
+    if rate_rps * duration_s > MAX_REQUESTS:
+        allowed = f"at most {MAX_REQUESTS / duration_s:g}"
+        raise ConfigError("poisson rate (requests/s)", rate_rps, allowed, "too many requests")
     rng = random.Random(seed)
     requests: list[TraceRequest] = []
     t = rng.expovariate(rate_rps)

@@ -5,8 +5,9 @@ with `increase()` and `resets()`, gauges with `avg_over_time()`, histograms with
 their buckets, `_sum` and `_count` (the integrals behind the running batch: the same numbers
 `specpilot.runtime.scrape.window_stats` reads from two snapshots), all grouped by the pod label
 (default `pod`; `instance` for static scrape configs). Prometheus handles counter resets in
-`increase()`. Transport and query errors become `PromQLError`; series that are missing or NaN
-are simply absent from the stats.
+`increase()`. Transport and query errors become `PromQLError`; series that are missing, NaN,
+infinite or malformed (a value that is not a number, a bucket `le` that is not a number, a
+`position` that is not a whole number) are simply absent from the stats, never raised.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ class PromQLReader:
         self._selector = selector
 
     def query(self, promql: str, at: float) -> list[tuple[dict[str, str], float]]:
-        """Instant query at `at`; (labels, value) for every non-NaN result."""
+        """Instant query at `at`; (labels, value) for every finite, well-formed result."""
         try:
             raw: list[dict[str, Any]] = self._prom.custom_query(promql, params={"time": at})
         except (PrometheusApiClientException, OSError) as exc:
@@ -44,9 +45,9 @@ class PromQLReader:
             raise PromQLError(f"PromQL query failed: {promql}: {exc}") from exc
         out = []
         for item in raw:
-            value = float(item["value"][1])
-            if not math.isnan(value):
-                out.append((dict(item.get("metric", {})), value))
+            found = _sample(item)
+            if found is not None:
+                out.append(found)
         return out
 
     def window_stats(self, engine: str, window_s: float, end: float) -> list[WindowStats]:
@@ -83,8 +84,11 @@ class PromQLReader:
                 if spec.buckets:
                     query = f"sum by ({pod}, le) (increase({series}[{window}]))"
                     for labels, value in self.query(query, end):
+                        bound = _number(labels.get("le"))
+                        if bound is None or bound == -math.inf:
+                            continue
                         per_pod = histograms.setdefault(labels.get(pod, ""), {})
-                        per_pod.setdefault(spec.key, {})[float(labels["le"])] = value
+                        per_pod.setdefault(spec.key, {})[bound] = value
                 for suffix, into in (("_sum", sums), ("_count", counts)):
                     part = self._series(spec.name + suffix)
                     query = f"sum by ({pod}) (increase({part}[{window}]))"
@@ -96,7 +100,9 @@ class PromQLReader:
                 f"sum by ({pod}, position) (increase({self._series(VLLM_PER_POSITION)}[{window}]))"
             )
             for labels, value in self.query(query, end):
-                positions.setdefault(labels.get(pod, ""), {})[int(labels["position"])] = value
+                position = labels.get("position", "")
+                if position.isascii() and position.isdigit():
+                    positions.setdefault(labels.get(pod, ""), {})[int(position)] = value
         pods = sorted(set(counters) | set(gauges) | set(histograms) | set(sums))
         return [
             WindowStats(
@@ -120,3 +126,28 @@ class PromQLReader:
         if self._selector:
             matchers.append(self._selector)
         return "{" + ", ".join(matchers) + "}"
+
+
+def _sample(item: Any) -> tuple[dict[str, str], float] | None:
+    """One instant-vector result as (labels, value); None when it is not a finite number with
+    string labels (a Prometheus, or something posing as one, may answer anything)."""
+    try:
+        value = _number(item["value"][1])
+        metric = item.get("metric", {})
+    except (KeyError, IndexError, TypeError, AttributeError):
+        return None
+    if value is None or not math.isfinite(value) or not isinstance(metric, dict):
+        return None
+    labels = {str(key): str(text) for key, text in metric.items()}
+    return labels, value
+
+
+def _number(text: object) -> float | None:
+    """A Prometheus number (a string such as "1.5" or "+Inf"); None when it is not one."""
+    if not isinstance(text, str | int | float):
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return None if math.isnan(value) else value

@@ -31,7 +31,7 @@ from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-from specpilot.runtime.traces import Trace, parse_trace
+from specpilot.runtime.traces import Trace, parse_trace, read_trace_text
 from specpilot.tuner import TASKS, ConfigError
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -115,21 +115,6 @@ def _draw_tasks(count: int, mix: tuple[tuple[str, float], ...], seed: int) -> li
 
 def _bad(where: str, line: int, column: str, value: object, allowed: str) -> ConfigError:
     return ConfigError(f"{where} line {line} column {column}", value, allowed)
-
-
-def _read_text(path: Path) -> str:
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ConfigError("trace", str(path), "a readable file", str(exc)) from exc
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
-        bad = data[exc.start : exc.start + 4]
-        raise _bad(str(path), line, str(column), bad, "UTF-8 text") from exc
-    return text.removeprefix("\ufeff")
 
 
 def _timestamp_ns(cell: str) -> int:
@@ -313,7 +298,7 @@ def load_azure_trace(
 ) -> RequestTrace:
     path = Path(path)
     return parse_azure_trace(
-        _read_text(path),
+        read_trace_text(path),
         path.stem,
         source=str(path),
         mix=mix,
@@ -331,7 +316,7 @@ def load_mooncake_trace(
 ) -> RequestTrace:
     path = Path(path)
     return parse_mooncake_trace(
-        _read_text(path),
+        read_trace_text(path),
         path.stem,
         source=str(path),
         mix=mix,
@@ -346,13 +331,13 @@ def load_any_trace(
     """A rate curve (`t,rps,<task>...`), an Azure CSV or a Mooncake JSONL, told apart by the
     extension and the first non-blank line; `mix` and `seed` apply to per-request traces only."""
     path = Path(path)
-    text = _read_text(path)
+    text = read_trace_text(path)
     first = next((line.strip() for line in text.splitlines() if line.strip()), "")
     if path.suffix.lower() in (".jsonl", ".json") or first.startswith("{"):
         return parse_mooncake_trace(text, path.stem, source=str(path), mix=mix, seed=seed)
     header = [cell.strip() for cell in first.split(",")]
     if header[:2] == ["t", "rps"]:
-        return parse_trace(text, path.stem)
+        return parse_trace(text, path.stem, source=str(path))
     if "TIMESTAMP" in header:
         return parse_azure_trace(text, path.stem, source=str(path), mix=mix, seed=seed)
     allowed = (

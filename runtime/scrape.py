@@ -5,8 +5,15 @@ regexes) and keeps every sample; `window_stats` takes a pod's snapshots in time 
 computes counter increases the way Prometheus' `increase()` does without extrapolation (a drop
 is a counter reset: the new process counted from zero), gauge means, histogram bucket
 increases and the increases of each histogram's `_sum` and `_count` (the integrals behind the
-running batch, `engine_metrics.running_estimate`), under the same reset rule. NaN samples are
-skipped; a counter that appears mid-window counts from zero.
+running batch, `engine_metrics.running_estimate`), under the same reset rule. A counter that
+appears mid-window counts from zero.
+
+Hostile or broken exposition never raises past `ScrapeError` and never passes a non-finite
+number on: a NaN or infinite sample is dropped at parse time (kept in `Snapshot.dropped`, so a
+series whose first sample was dropped is not mistaken for one created inside the window), a
+histogram bucket whose `le` is not a number or a per-position series whose `position` is not a
+whole number is left out, and an increase or mean that overflows is absent. An absent quantity
+becomes None in the `Observation` and is listed in its `unknown`.
 """
 
 from __future__ import annotations
@@ -40,23 +47,31 @@ class Snapshot:
 
     timestamp: float
     samples: Mapping[str, Mapping[Labels, float]] = field(default_factory=dict)
+    dropped: Mapping[str, frozenset[Labels]] = field(default_factory=dict)
+    """Series that were exposed with a NaN or infinite value in this scrape."""
 
     def series(self, name: str) -> Mapping[Labels, float]:
         return self.samples.get(name, {})
 
+    def was_dropped(self, name: str, labels: Labels) -> bool:
+        return labels in self.dropped.get(name, frozenset())
+
 
 def parse_snapshot(text: str, timestamp: float) -> Snapshot:
     samples: dict[str, dict[Labels, float]] = {}
+    dropped: dict[str, set[Labels]] = {}
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
-                if math.isnan(sample.value):
-                    continue
                 labels = tuple(sorted(sample.labels.items()))
-                samples.setdefault(sample.name, {})[labels] = float(sample.value)
+                value = float(sample.value)
+                if math.isfinite(value):
+                    samples.setdefault(sample.name, {})[labels] = value
+                else:
+                    dropped.setdefault(sample.name, set()).add(labels)
     except ValueError as exc:
         raise ScrapeError(f"metrics text is not Prometheus exposition format: {exc}") from exc
-    return Snapshot(timestamp, samples)
+    return Snapshot(timestamp, samples, {name: frozenset(keys) for name, keys in dropped.items()})
 
 
 def fetch_snapshot(client: httpx.Client, url: str, timestamp: float) -> Snapshot:
@@ -101,9 +116,10 @@ def window_stats(engine: str, pod: str, snapshots: Sequence[Snapshot]) -> Window
     per_position: dict[int, float] = {}
     if engine == "vllm":
         for position in _label_values(ordered, VLLM_PER_POSITION, "position"):
+            index = _whole_number(position)
             found = _increase(ordered, VLLM_PER_POSITION, _with_label("position", position))
-            if found is not None:
-                per_position[int(position)] = found[0]
+            if index is not None and found is not None:
+                per_position[index] = found[0]
     return WindowStats(
         pod=pod,
         window_s=window,
@@ -128,7 +144,7 @@ def _gauge_mean(spec: MetricSpec, snapshots: Sequence[Snapshot]) -> float | None
         if spec.zero_is_unknown and value == 0:
             continue
         values.append(value)
-    return sum(values) / len(values) if values else None
+    return _finite(sum(values) / len(values)) if values else None
 
 
 def _increase(
@@ -138,14 +154,16 @@ def _increase(
 
     A series that first appears after the window's first snapshot was created inside the
     window (engines create labelled children lazily, a new pod starts from zero), so it counts
-    from 0. None when no series spans the window."""
+    from 0, unless it was there with a dropped (non-finite) sample. None when no series spans
+    the window or the increase overflows."""
     total, resets, seen = 0.0, 0, False
     if len(snapshots) < 2:
         return None
     keys = {labels for s in snapshots for labels in s.series(name) if keep(labels)}
     for labels in keys:
         points = [s.series(name)[labels] for s in snapshots if labels in s.series(name)]
-        if labels not in snapshots[0].series(name):
+        first = snapshots[0]
+        if labels not in first.series(name) and not first.was_dropped(name, labels):
             points.insert(0, 0.0)
         if len(points) < 2:
             continue
@@ -156,17 +174,38 @@ def _increase(
             else:
                 total += after
                 resets += 1
-    return (total, resets) if seen else None
+    if not seen or not math.isfinite(total):
+        return None
+    return total, resets
 
 
 def _bucket_increases(snapshots: Sequence[Snapshot], name: str) -> dict[float, float]:
     bucket_name = name + "_bucket"
     out: dict[float, float] = {}
     for bound in _label_values(snapshots, bucket_name, "le"):
+        upper = _bucket_bound(bound)
         found = _increase(snapshots, bucket_name, _with_label("le", bound))
-        if found is not None:
-            out[float(bound)] = found[0]
+        if upper is not None and found is not None:
+            out[upper] = found[0]
     return out
+
+
+def _bucket_bound(text: str) -> float | None:
+    """A bucket's `le` as a number; None for anything else (`le="fast"`, `le="NaN"`)."""
+    try:
+        bound = float(text)
+    except ValueError:
+        return None
+    return None if math.isnan(bound) or bound == -math.inf else bound
+
+
+def _whole_number(text: str) -> int | None:
+    """A `position` label as a non-negative index; None for anything else."""
+    return int(text) if text.isascii() and text.isdigit() else None
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
 
 
 def _label_values(snapshots: Sequence[Snapshot], name: str, label: str) -> list[str]:

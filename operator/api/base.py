@@ -17,7 +17,27 @@ from pydantic import BaseModel, ConfigDict, JsonValue, model_validator
 from pydantic.alias_generators import to_camel
 from pydantic.config import JsonDict
 
-__all__ = ["ApiModel", "Violation", "cel", "dump", "field_default", "rules", "validations"]
+__all__ = [
+    "MODEL_REF_PATTERN",
+    "NO_NUL_PATTERN",
+    "QUANTITY_PATTERN",
+    "ApiModel",
+    "Violation",
+    "cel",
+    "dump",
+    "field_default",
+    "rules",
+    "validations",
+]
+
+MODEL_REF_PATTERN = r"^[^-\x00-\x1f\x7f][^\x00-\x1f\x7f]*$"
+"""A model reference (repo id or path) that is one argument: no control characters (a newline
+would split a log line or a YAML scalar), no leading dash (the engine would read a flag)."""
+NO_NUL_PATTERN = r"^[^\x00]*$"
+"""Strings that reach a process's argv or environment: a NUL byte would silently cut them
+(execve reads C strings); newlines are kept (a chat template spans lines)."""
+QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?([EPTGMK]i?|[numk])?$"
+"""A non-negative Kubernetes quantity ("8", "500m", "64Gi")."""
 
 
 class Violation(ValueError):

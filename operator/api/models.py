@@ -11,12 +11,30 @@ enforced in Python by the engine adapters' own capability checks (operator/api/c
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Annotated, Literal, Self
 
 from pydantic import Field, field_validator, model_validator
 
-from specpilot.operator.api.base import ApiModel, Violation, cel, dump, rules, validations
+from specpilot.operator.api.base import (
+    MODEL_REF_PATTERN,
+    NO_NUL_PATTERN,
+    QUANTITY_PATTERN,
+    ApiModel,
+    Violation,
+    cel,
+    dump,
+    rules,
+    validations,
+)
+from specpilot.operator.api.flags import (
+    LAUNCH_FLAGS,
+    SPECULATIVE_FLAG_PREFIXES,
+    cel_refusing,
+    owned_flag,
+)
+from specpilot.operator.api.pod import QUALIFIED_NAME, PodSettings
 from specpilot.operator.api.speculative import CANDIDATE_METHODS, Speculative
 from specpilot.runtime.engines import ADAPTERS, EngineName
 from specpilot.tuner import GPUS, PROFILES
@@ -31,6 +49,7 @@ __all__ = [
     "Metrics",
     "MetricsSource",
     "Objective",
+    "PodSettings",
     "Resources",
     "SecretKeyRef",
     "Slo",
@@ -40,8 +59,16 @@ __all__ = [
     "TuningMode",
 ]
 
-# Engine flags that select or shape speculative decoding, for either engine. SpecPilot owns them.
-SPECULATIVE_FLAG_PREFIXES: tuple[str, ...] = ("--speculative", "--spec-", "-sc")
+OWNED_RESOURCES = ("nvidia.com/gpu", "cpu", "memory")
+"""Resources set by resources.gpus, cpu and memory (not by resources.extra)."""
+_SPECULATIVE_OWNED = (
+    "speculative decoding flags (--speculative*, --spec-*, -sc, or an abbreviation) belong to"
+    " SpecPilot: declare them under spec.speculative.candidates"
+)
+_LAUNCH_OWNED = (
+    "--model, --model-path, --served-model-name, --host and --port (or an abbreviation) belong"
+    " to SpecPilot: set spec.model, spec.servedModelName and spec.port instead"
+)
 # Images pinned to the engine versions the adapters target; the tags move with the adapters.
 DEFAULT_IMAGES: Mapping[str, str] = {
     "vllm": f"vllm/vllm-openai:v{ADAPTERS['vllm'].version}",
@@ -55,7 +82,7 @@ else:  # Literals built from the catalog, so the CRD's enums follow it.
     GpuType = Literal[tuple(GPUS)]
     ModelProfile = Literal[tuple(PROFILES)]
 TuningMode = Literal["auto", "recommend", "off"]
-Objective = Literal["throughput", "goodput"]
+Objective = Literal["latency", "throughput", "goodput"]
 MetricsSource = Literal["scrape", "prometheus"]
 
 
@@ -138,17 +165,58 @@ class Resources(ApiModel):
         str, Annotated[str, Field(max_length=256, description="Required value of the node label.")]
     ] = Field(default_factory=dict, max_length=16)
     """Node labels the pods require, e.g. nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3."""
+    extra: dict[
+        str,
+        Annotated[
+            str,
+            Field(max_length=32, pattern=QUANTITY_PATTERN, description="Quantity per pod."),
+        ],
+    ] = Field(
+        default_factory=dict,
+        max_length=16,
+        json_schema_extra=validations(
+            cel(
+                f"self.all(k, !(k in {list(OWNED_RESOURCES)!r}))",
+                "nvidia.com/gpu, cpu and memory are set by resources.gpus, resources.cpu and"
+                " resources.memory, not by resources.extra",
+            ),
+            cel(
+                f"self.all(k, size(k) <= 316 && k.matches('{QUALIFIED_NAME}'))",
+                "resource names are qualified names such as rdma/ib or ephemeral-storage",
+            ),
+        ),
+    )
+    """Further resources per pod, requested and limited alike (extended resources need
+    requests equal to limits), e.g. rdma/ib: "1" or ephemeral-storage: 100Gi."""
+
+    @field_validator("extra")
+    @classmethod
+    def _extra_resources(cls, extra: dict[str, str]) -> dict[str, str]:
+        for name in extra:
+            if name in OWNED_RESOURCES:
+                raise Violation(
+                    name, name, "a resource other than nvidia.com/gpu, cpu and memory",
+                    "set it with resources.gpus, resources.cpu or resources.memory",
+                )  # fmt: skip
+            if len(name) > 316 or not re.fullmatch(QUALIFIED_NAME, name):
+                raise Violation(name, name, f"a resource name matching {QUALIFIED_NAME}")
+        return extra
 
 
 class Slo(ApiModel):
-    """Latency targets, used with objective goodput (throughput ignores them). Configurations
-    predicted to break tpotP95Ms are skipped; a switch is charged for the requests its restart
-    would push past either target."""
+    """Latency targets, used with objectives latency and goodput (throughput ignores them).
+    Configurations predicted to break tpotP95Ms are skipped; a switch is charged for the
+    requests its restart would push past either target."""
 
-    tpot_p95_ms: float | None = Field(default=None, gt=0, le=100000)
-    """95th percentile time per output token, milliseconds."""
-    ttft_p95_ms: float | None = Field(default=None, gt=0, le=3600000)
-    """95th percentile time to first token, milliseconds."""
+    tpot_p95_ms: float | None = Field(default=None, ge=1, le=100000)
+    """95th percentile time per output token, milliseconds. At least 1: the fastest decode step
+    in SpecPilot's GPU catalog (H200 with qwen3-30b-a3b, one token, by the roofline) takes 2.5
+    ms, so under 1 ms every step would have to yield 2.5 tokens or more; a smaller value is taken
+    for a unit slip (seconds or nanoseconds for milliseconds) that no configuration could meet."""
+    ttft_p95_ms: float | None = Field(default=None, ge=10, le=3600000)
+    """95th percentile time to first token, milliseconds. At least 10: a first token needs a
+    prefill step and the HTTP round trip (the fastest decode step alone is 2.5 ms, see
+    tpotP95Ms); a smaller value is taken for a unit slip no configuration could meet."""
 
 
 class Metrics(ApiModel):
@@ -164,8 +232,11 @@ class Metrics(ApiModel):
 
     source: MetricsSource = "scrape"
     """scrape reads the pods' /metrics directly; prometheus queries PromQL."""
-    prometheus_url: str | None = Field(default=None, max_length=2048, pattern="^https?://")
-    """Prometheus base URL, e.g. http://prometheus.monitoring:9090."""
+    prometheus_url: str | None = Field(
+        default=None, max_length=2048, pattern="^https?://[^\\s/?#@]+([/?#][^\\s]*)?$"
+    )
+    """Prometheus base URL with a host, e.g. http://prometheus.monitoring:9090 (no credentials
+    in it: they would show in the object and in logs)."""
 
     @model_validator(mode="after")
     def _url_for_prometheus(self) -> Self:
@@ -194,9 +265,11 @@ class Tuning(ApiModel):
     mode: TuningMode = "auto"
     """auto applies decisions; recommend only writes status.recommendation and an Event; off pins
     the initial configuration."""
-    objective: Objective = "throughput"
-    """throughput maximises generated tokens/s whatever the latency; goodput maximises the
-    tokens/s of requests that meet the SLO (slo)."""
+    objective: Objective = "latency"
+    """latency minimises the mean end-to-end latency users wait (per-token latency at the load,
+    and capacity kept above the forecast arrival rate so no queue builds), within the SLO when
+    one is set; throughput maximises generated tokens/s whatever the latency; goodput maximises
+    the tokens/s of requests that meet the SLO (slo)."""
     slo: Slo | None = None
     interval_seconds: int = Field(default=30, ge=5, le=3600)
     """Seconds between tuner ticks (one observation window each)."""
@@ -272,19 +345,41 @@ class Spec(ApiModel):
         default=None,
         min_length=1,
         max_length=512,
+        pattern="^[^\\s]+$",
         description="Engine container image. Default per engine, pinned to the version"
         " SpecPilot's adapters target: " + " or ".join(DEFAULT_IMAGES.values()) + ".",
     )
     command: (
-        list[Annotated[str, Field(max_length=1024, description="One element of the command.")]]
+        list[
+            Annotated[
+                str,
+                Field(
+                    max_length=1024,
+                    pattern=NO_NUL_PATTERN,
+                    description="One element of the command.",
+                ),
+            ]
+        ]
         | None
-    ) = Field(default=None, max_length=32)
+    ) = Field(
+        default=None,
+        min_length=1,
+        max_length=32,
+        json_schema_extra=validations(
+            cel_refusing("speculative", _SPECULATIVE_OWNED),
+            cel_refusing("launch", _LAUNCH_OWNED),
+        ),
+    )
     """Container command replacing the engine's own launcher (python3 -m the engine's OpenAI
     server); SpecPilot still writes the arguments. For example [specpilot, emulate, --engine,
-    vllm] runs the SpecPilot emulator on nodes without GPUs."""
-    model: str = Field(min_length=1, max_length=1024)
-    """Target model, a Hugging Face repo id or a path inside the container."""
-    served_model_name: str | None = Field(default=None, min_length=1, max_length=256)
+    vllm] runs the SpecPilot emulator on nodes without GPUs. Run without a shell: each element is
+    one argv entry. Flags SpecPilot writes are refused here as in extraArgs."""
+    model: str = Field(min_length=1, max_length=1024, pattern=MODEL_REF_PATTERN)
+    """Target model, a Hugging Face repo id or a path inside the container (no control
+    characters, no leading dash)."""
+    served_model_name: str | None = Field(
+        default=None, min_length=1, max_length=256, pattern=MODEL_REF_PATTERN
+    )
     """Model name clients use in the OpenAI API; default the model."""
     port: int = Field(default=8000, ge=1, le=65535)
     """Port the engine serves HTTP (OpenAI API, /health, /metrics) on."""
@@ -293,23 +388,21 @@ class Spec(ApiModel):
     copies it to its Deployment only when it is set and never changes it. Unset leaves the
     Deployment's replicas alone."""
     resources: Resources = Field(default_factory=Resources, json_schema_extra={"default": {}})
-    extra_args: list[Annotated[str, Field(max_length=4096, description="One engine argument.")]] = (
-        Field(
-            default_factory=list,
-            max_length=64,
-            json_schema_extra=validations(
-                cel(
-                    "self.all(a, !("
-                    + " || ".join(f"a.startsWith('{p}')" for p in SPECULATIVE_FLAG_PREFIXES)
-                    + "))",
-                    "speculative decoding flags (--speculative*, --spec-*, -sc) belong to"
-                    " SpecPilot: declare them under spec.speculative.candidates, not extraArgs",
-                )
-            ),
-        )
+    extra_args: list[
+        Annotated[
+            str, Field(max_length=4096, pattern=NO_NUL_PATTERN, description="One engine argument.")
+        ]
+    ] = Field(
+        default_factory=list,
+        max_length=64,
+        json_schema_extra=validations(
+            cel_refusing("speculative", _SPECULATIVE_OWNED),
+            cel_refusing("launch", _LAUNCH_OWNED),
+        ),
     )
-    """Further engine flags, passed through unchanged after SpecPilot's own. Speculative flags
-    are refused: those belong to SpecPilot."""
+    """Further engine flags, passed through unchanged after SpecPilot's own, each one argv entry
+    (no shell). Refused: speculative flags and --model, --model-path, --served-model-name,
+    --host, --port (or their abbreviations), which SpecPilot writes."""
     env: list[EnvVar] = Field(
         default_factory=list,
         max_length=64,
@@ -318,17 +411,22 @@ class Spec(ApiModel):
     """Environment variables of the engine container."""
     speculative: Speculative | None = None
     tuning: Tuning = Field(default_factory=Tuning, json_schema_extra={"default": {}})
+    pod: PodSettings = Field(default_factory=PodSettings)
 
-    @field_validator("extra_args")
+    @field_validator("extra_args", "command")
     @classmethod
-    def _no_speculative_flags(cls, args: list[str]) -> list[str]:
-        for index, arg in enumerate(args):
-            if arg.startswith(SPECULATIVE_FLAG_PREFIXES):
+    def _no_owned_flags(cls, args: list[str] | None) -> list[str] | None:
+        for index, arg in enumerate(args or ()):
+            family = owned_flag(arg)
+            if family == "speculative":
                 raise Violation(
-                    f"[{index}]",
-                    arg,
-                    "engine flags other than speculative decoding",
+                    f"[{index}]", arg, "engine flags other than speculative decoding",
                     "speculative flags belong to SpecPilot: declare them under "
                     "spec.speculative.candidates",
-                )
+                )  # fmt: skip
+            if family == "launch":
+                raise Violation(
+                    f"[{index}]", arg, f"engine flags other than {', '.join(LAUNCH_FLAGS)}",
+                    "SpecPilot writes them from spec.model, spec.servedModelName and spec.port",
+                )  # fmt: skip
         return args

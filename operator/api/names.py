@@ -32,3 +32,19 @@ APP_NAME = "specpilot"
 MANAGED_BY = "specpilot"
 COMPONENT = "specpilot"
 """Events' source component."""
+
+SCRAPE_ANNOTATIONS = ("prometheus.io/scrape", "prometheus.io/port", "prometheus.io/path")
+"""Pod-template annotations telling annotation-driven Prometheus setups where /metrics is."""
+OWNED_KEY_PREFIX = f"{GROUP}/"
+"""Every label and annotation key under this prefix is SpecPilot's."""
+OWNED_LABELS = (NAME_LABEL, INSTANCE_LABEL, MANAGED_BY_LABEL, ROLE_LABEL, ENGINE_LABEL)
+"""Pod labels SpecPilot writes: its selectors and the Service's rely on them."""
+OWNED_ANNOTATIONS = (CONFIG_ANNOTATION, *SCRAPE_ANNOTATIONS)
+"""Pod annotations SpecPilot writes."""
+
+SHM_VOLUME = "dshm"
+SIDECAR_VOLUME = "specpilot-sidecar"
+MODEL_CACHE_VOLUME = "model-cache"
+OWNED_VOLUMES = (SHM_VOLUME, SIDECAR_VOLUME, MODEL_CACHE_VOLUME)
+"""Engine pod volume names SpecPilot uses (a user's volumes must be named otherwise)."""
+SHM_PATH = "/dev/shm"

@@ -2,11 +2,13 @@
 
 Contract: `structural_schema(model)` is the schema of `model` as a CRD's `openAPIV3Schema` needs
 it: every `$ref` inlined (no `$defs`), `Optional[X]` as plain X (absent means unset; nothing is
-`nullable`), no `title`, no `default: null`, no `additionalProperties: false` (a structural
-schema prunes unknown fields instead), the JSON Schema 2020-12 `exclusiveMinimum: n` as OpenAPI
-3.0's `minimum: n, exclusiveMinimum: true`, and descriptions on one line. Keys come in a fixed
-order (type first, then description, bounds, default, rules, children), so the output, and the
-YAML written from it, is stable. `describe(node)` says in words what a node allows, for errors.
+`nullable`), no `title`, no `default: null`, no `additionalProperties: false` (a structural schema
+prunes unknown fields instead, or keeps them where a node says
+`x-kubernetes-preserve-unknown-fields`: the deep parts of Kubernetes core types), the JSON Schema
+2020-12 `exclusiveMinimum: n` as OpenAPI 3.0's `minimum: n, exclusiveMinimum: true`, and
+descriptions on one line. Keys come in a fixed order (type first, then description, bounds,
+default, rules, children), so the output, and the YAML written from it, is stable. `describe(node)`
+says in words what a node allows, for errors.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ KEY_ORDER = (
     "required",
     "x-kubernetes-list-type",
     "x-kubernetes-list-map-keys",
+    "x-kubernetes-preserve-unknown-fields",
     "x-kubernetes-validations",
     "properties",
     "items",

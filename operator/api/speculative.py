@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Literal, Self, get_args
 
 from pydantic import Field, model_validator
 
-from specpilot.operator.api.base import ApiModel, Violation, cel, dump, rules
+from specpilot.operator.api.base import MODEL_REF_PATTERN, ApiModel, Violation, cel, dump, rules
 from specpilot.tuner import SpecMethod
 
 __all__ = [
@@ -165,7 +165,9 @@ class Candidate(ApiModel):
         json_schema_extra={"x-kubernetes-list-type": "set"},
     )
     """Exactly the K values the tuner may try (instead of minK..maxK)."""
-    draft_model: str | None = Field(default=None, min_length=1, max_length=1024)
+    draft_model: str | None = Field(
+        default=None, min_length=1, max_length=1024, pattern=MODEL_REF_PATTERN
+    )
     """Draft model or head (repo id or path) for draft_model, eagle, eagle3, dflash, mtp."""
     options: CandidateOptions | None = None
 

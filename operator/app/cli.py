@@ -1,8 +1,11 @@
 """The `specpilot` command. Subcommands present so far: render, parse, observe, simulate,
-emulate, probe, run, bench.
+emulate, probe, run, bench, operator, demo.
 
 Contract: a mistake in the user's input (a bad config, an unknown engine, unreachable metrics)
 prints one `error: ...` line naming the field and the allowed values and exits 2; no traceback.
+`specpilot --version` prints the installed version. Every subcommand follows
+`cli_conventions`: each option has help and shows its default, `--json [PATH]` means the same
+everywhere, and long commands (bench, simulate, probe) show progress on a terminal.
 """
 
 from __future__ import annotations
@@ -15,10 +18,17 @@ import shlex
 import sys
 import time
 from collections.abc import Callable, Sequence
+from importlib import metadata
 from pathlib import Path
 
 from specpilot.operator.app import operator_command, run_command, simulate_command
 from specpilot.operator.app.bench import command as bench_command
+from specpilot.operator.app.cli_conventions import (
+    add_json_option,
+    apply_conventions,
+    progress,
+    write_json,
+)
 from specpilot.operator.app.demo import command as demo_command
 from specpilot.runtime.engine_metrics import observe, observe_per_pod
 from specpilot.runtime.engines import ADAPTERS, LaunchSettings, get_adapter
@@ -51,7 +61,16 @@ def _render(ns: argparse.Namespace) -> int:
 
 
 def _parse(ns: argparse.Namespace) -> int:
-    config = get_adapter(ns.engine).parse(ns.args)
+    try:
+        config = get_adapter(ns.engine).parse(ns.args)
+    except ConfigError:
+        raise
+    except (ValueError, TypeError, OverflowError) as exc:
+        # a value of the wrong type deep in the user's engine arguments (a schedule entry that
+        # is not an integer): still their mistake, said in one line
+        raise ConfigError(
+            f"{ns.engine} arguments", shlex.join(ns.args), "the engine's own flag syntax", str(exc)
+        ) from None
     print(config.to_json())
     return 0
 
@@ -76,10 +95,18 @@ def _observe(ns: argparse.Namespace) -> int:
 def _probe(ns: argparse.Namespace) -> int:
     from specpilot.runtime.probe import run_probe
 
-    result = run_probe(
-        get_profile(ns.model_profile), device=ns.device, max_seconds=ns.max_seconds, seed=ns.seed
+    profile = get_profile(ns.model_profile)
+    with progress(f"probing {profile.name} (budget {ns.max_seconds:g} s)", None):
+        result = run_probe(profile, device=ns.device, max_seconds=ns.max_seconds, seed=ns.seed)
+    if ns.json is not None:
+        write_json(ns.json, result.to_dict())
+        return 0
+    print(
+        f"{result.profile} on {result.device}: step time = {result.fixed_s * 1e3:.3f} ms"
+        f" + {result.per_token_s * 1e6:.3f} us x tokens + {result.per_kv_token_s * 1e9:.3f} ns"
+        f" x KV tokens ({result.layers_measured} of {result.profile_layers} layers measured,"
+        f" {result.wall_s:.0f} s); write it with --json FILE for `run --step-time-fit FILE`"
     )
-    print(json.dumps(result.to_dict(), indent=None if ns.json else 2))
     return 0
 
 
@@ -96,31 +123,36 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="specpilot", description="Speculative decoding, tuned to the traffic."
     )
+    parser.add_argument(
+        "--version", action="version", version=f"specpilot {_version()}", help="print the version"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     engines = sorted(ADAPTERS)
 
     render = sub.add_parser("render", help="print an engine command line for a SpecConfig")
-    render.add_argument("--engine", required=True, choices=engines)
+    render.add_argument("--engine", required=True, choices=engines, help="engine to render for")
     render.add_argument("--config", required=True, help='SpecConfig JSON, e.g. {"method":"none"}')
-    render.add_argument("--model", required=True)
-    render.add_argument("--served-model-name")
-    render.add_argument("--host", default="0.0.0.0")
-    render.add_argument("--port", type=int, default=8000)
-    render.add_argument("--sidecar-dir", default="/etc/specpilot")
-    render.add_argument("--write-sidecars", action="store_true")
+    render.add_argument("--model", required=True, help="the served model's path or hub name")
+    render.add_argument("--served-model-name", help="name clients ask for (default: --model)")
+    render.add_argument("--host", default="0.0.0.0", help="address the engine binds")
+    render.add_argument("--port", type=int, default=8000, help="port the engine binds")
+    render.add_argument("--sidecar-dir", default="/etc/specpilot", help="where sidecar files go")
+    render.add_argument(
+        "--write-sidecars", action="store_true", help="write the sidecar files, not just name them"
+    )
     render.add_argument("extra_args", nargs=argparse.REMAINDER, help="after --: engine flags")
     render.set_defaults(run=_render)
 
     parse = sub.add_parser("parse", help="print the SpecConfig an engine command line runs")
-    parse.add_argument("--engine", required=True, choices=engines)
+    parse.add_argument("--engine", required=True, choices=engines, help="engine whose flags")
     parse.add_argument("args", nargs=argparse.REMAINDER, help="after --: the engine's arguments")
     parse.set_defaults(run=_parse)
 
     obs = sub.add_parser("observe", help="one Observation from /metrics URLs or Prometheus")
-    obs.add_argument("--engine", required=True, choices=engines)
+    obs.add_argument("--engine", required=True, choices=engines, help="metric dialect")
     obs.add_argument("--url", action="append", help="an engine /metrics URL (repeatable)")
     obs.add_argument("--prometheus", help="Prometheus base URL (PromQL instead of scraping)")
-    obs.add_argument("--pod-label", default="pod")
+    obs.add_argument("--pod-label", default="pod", help="label naming the pod in PromQL")
     obs.add_argument("--selector", default="", help='PromQL label matchers, e.g. job="llm"')
     obs.add_argument("--window", type=float, default=10.0, help="seconds")
     obs.add_argument("--interval", type=float, default=1.0, help="scrape interval, seconds")
@@ -138,7 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
         "[--model-profile llama-3.1-8b] [--load-delay S] <the engine's own arguments>",
         add_help=False,
     )
-    emulate.add_argument("argv", nargs=argparse.REMAINDER)
+    emulate.add_argument(
+        "argv", nargs=argparse.REMAINDER, help="specpilot emulate --help lists them"
+    )
 
     probe = sub.add_parser(
         "probe", help="measure this device's step time with torch and fit t = a + b*tokens + c*kv"
@@ -146,11 +180,19 @@ def build_parser() -> argparse.ArgumentParser:
     probe.add_argument("--model-profile", default="llama-3.1-8b", help=" | ".join(PROFILES))
     probe.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     probe.add_argument("--max-seconds", type=float, default=90.0, help="time budget")
-    probe.add_argument("--seed", type=int, default=0)
-    probe.add_argument("--json", action="store_true", help="compact JSON on one line")
+    probe.add_argument("--seed", type=int, default=0, help="random weights and inputs")
+    add_json_option(probe, "the fit and every measurement")
     probe.set_defaults(run=_probe)
     emulate.set_defaults(run=lambda ns: _emulate(ns.argv))
+    apply_conventions(parser)
     return parser
+
+
+def _version() -> str:
+    try:
+        return metadata.version("specpilot")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

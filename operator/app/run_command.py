@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -27,11 +28,11 @@ from specpilot.tuner import (
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser("run", help="tune one local engine: observe, decide, restart")
-    parser.add_argument("--engine", default="vllm", choices=["vllm", "sglang"])
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--served-model-name")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--engine", default="vllm", choices=["vllm", "sglang"], help="engine")
+    parser.add_argument("--model", required=True, help="the served model's path or hub name")
+    parser.add_argument("--served-model-name", help="name clients ask for (default: --model)")
+    parser.add_argument("--host", default="127.0.0.1", help="address the engine binds")
+    parser.add_argument("--port", type=int, default=8000, help="port the engine binds")
     parser.add_argument(
         "--candidate",
         action="append",
@@ -43,19 +44,23 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     parser.add_argument("--emulate", action="store_true", help="run the emulator, not an engine")
     parser.add_argument("--python", default=sys.executable, help="interpreter of a real engine")
     parser.add_argument("--gpu", default="H100", help="the physics prior (and the emulator)")
-    parser.add_argument("--model-profile", default="llama-3.1-8b")
+    parser.add_argument("--model-profile", default="llama-3.1-8b", help="model of the prior")
     parser.add_argument("--task", default="chat", help="acceptance prior per method")
     parser.add_argument("--window", type=float, default=10.0, help="seconds per observation")
     parser.add_argument("--ticks", type=int, default=0, help="stop after N ticks (0: never)")
-    parser.add_argument("--min-dwell", type=float, default=300.0)
+    parser.add_argument(
+        "--min-dwell", type=float, default=300.0, help="seconds a config runs before a switch"
+    )
     parser.add_argument("--restart-budget", type=int, default=4, help="restarts per hour")
-    parser.add_argument("--restart-downtime", type=float, default=60.0)
-    parser.add_argument("--slo-tpot-p95-ms", type=float)
+    parser.add_argument(
+        "--restart-downtime", type=float, default=60.0, help="seconds a restart costs"
+    )
+    parser.add_argument("--slo-tpot-p95-ms", type=float, help="TPOT p95 target, ms (none: off)")
     parser.add_argument(
         "--step-time-fit",
         metavar="FILE",
         help="JSON step-time fit (fixed_s, per_token_s, per_kv_token_s, as `specpilot probe "
-        "--json` writes) for the tuner instead of the --gpu roofline, e.g. on a CPU",
+        "--json FILE` writes) for the tuner instead of the --gpu roofline, e.g. on a CPU",
     )
     parser.add_argument("extra_args", nargs=argparse.REMAINDER, help="after --: engine flags")
     parser.set_defaults(run=run)
@@ -160,7 +165,19 @@ def _step_cost(ns: argparse.Namespace) -> StepCost:
     if ns.step_time_fit is None:
         return StepCost.for_hardware(ns.gpu, ns.model_profile)
     path = Path(ns.step_time_fit)
-    model = StepTimeModel.from_fit_json(json.loads(path.read_text()), source=f"fit {path}")
+    allowed = "a JSON object with fixed_s, per_token_s, per_kv_token_s (`probe --json FILE`)"
+    try:
+        body = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError("--step-time-fit", str(path), "a readable file", str(exc)) from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError("--step-time-fit", str(path), allowed, str(exc)) from None
+    if not isinstance(body, dict):
+        raise ConfigError("--step-time-fit", str(path), allowed, "not a JSON object")
+    model = StepTimeModel.from_fit_json(body, source=f"fit {path}")
+    coefficients = (model.fixed_s, model.per_token_s, model.per_kv_token_s)
+    if not all(math.isfinite(c) for c in coefficients):
+        raise ConfigError("--step-time-fit", str(path), allowed, "a coefficient is not finite")
     return StepCost.from_fit(model, ns.gpu, ns.model_profile)
 
 

@@ -117,6 +117,18 @@ class EngineCore:
     def add_request(self, request: Request) -> None:
         self.waiting.append(request)
 
+    def abort(self, request: Request) -> bool:
+        """Drop a request wherever it is (its client went away), freeing its KV cache as
+        vLLM's and SGLang's aborts do; False when it had already finished."""
+        self._fast = None  # fast mode's plan held the request; it is rebuilt from here
+        if request in self.running:
+            self.running.remove(request)
+            return True
+        if request in self.waiting:
+            self.waiting.remove(request)
+            return True
+        return False
+
     @property
     def idle(self) -> bool:
         return not self.waiting and not self.running

@@ -181,6 +181,10 @@ class Exposition(Protocol):
 
     def record_finished(self, request: Request, streaming: bool) -> None: ...
 
+    def record_aborted(self, request: Request, core: EngineCore) -> None:
+        """A request dropped before it finished (its client went away)."""
+        ...
+
     def render(self) -> bytes: ...
 
 
@@ -314,6 +318,15 @@ class VllmExposition(_Latencies):
         # vLLM keeps a request's first SCHEDULED time; a preempted one keeps it
         for request in (*core.running, *outcome.finished):
             self._scheduled.setdefault(request.request_id, outcome.start_s)
+
+    def record_aborted(self, request: Request, core: EngineCore) -> None:
+        # vLLM's scheduler stats follow the abort; no latency is observed for the request
+        self._last_emit.pop(request.request_id, None)
+        self._scheduled.pop(request.request_id, None)
+        lab = self._labels
+        self._running.labels(**lab).set(len(core.running))
+        self._waiting.labels(**lab).set(len(core.waiting))
+        self._kv.labels(**lab).set(core.kv_usage)
 
     def record_finished(self, request: Request, streaming: bool) -> None:
         self._record_latencies(self._labels, request)
@@ -495,6 +508,13 @@ class SglangExposition(_Latencies):
     def render(self) -> bytes:
         """Like SGLang's multiprocess collector: no `_created` series."""
         return generate_latest(_WithoutCreated(self.registry))
+
+    def record_aborted(self, request: Request, core: EngineCore) -> None:
+        for per_request in (self._last_emit, self._verifies, self._intervals):
+            per_request.pop(request.request_id, None)
+        self._scheduled.discard(request.request_id)
+        if core.idle and self._running_value != 0:
+            self._publish_load(0, core)  # as the idle scheduler does once its gauge is stale
 
     def record_finished(self, request: Request, streaming: bool) -> None:
         tokenizer = self._tokenizer_labels

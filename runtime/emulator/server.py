@@ -18,13 +18,21 @@ the default 0 is the nominal world, whose truth is the priors and the catalog.
 
 Requests may carry `"task"` (chat | code | summarize | math | creative) to pick the
 acceptance curve; otherwise the server's --task applies. Prompt tokens are counted as
-whitespace-separated words; the text is filler: this engine has no model.
+whitespace-separated words; the text is filler: this engine has no model. Request bodies are
+read by `openai_request.parse_generate`: a malformed one is a 4xx with a message naming the
+field, never a 500, and every error (an unknown path, a body over aiohttp's size limit) is
+answered as JSON in the OpenAI error shape. A client that goes away (a closed stream, a
+non-streaming request given up) has its request aborted: it stops generating and its KV cache
+is freed, as vLLM and SGLang abort a disconnected request.
+
+`--port 0` binds an ephemeral port; the line printed once serving names the port bound.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import time
@@ -34,12 +42,14 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from specpilot.runtime.emulator.core import DEFAULT_MAX_NUM_SEQS, EngineCore, Request
 from specpilot.runtime.emulator.exposition import Exposition, exposition_for
+from specpilot.runtime.emulator.openai_request import BadRequest, Limits, parse_generate
 from specpilot.runtime.emulator.world import draw_world
 from specpilot.runtime.engines import get_adapter
-from specpilot.runtime.engines.base import find_flags, parse_int_flag
+from specpilot.runtime.engines.base import FoundFlag, find_flags, parse_int_flag
 from specpilot.tuner import TASKS, ConfigError, SpecConfig, StepCost
 
 FILLER = "the model speculates and verifies tokens in one pass while the batch grows".split()
@@ -55,6 +65,8 @@ _LAUNCH_FLAGS = {
     "--port": "port",
     "--max-num-seqs": "max_seqs",
     "--max-running-requests": "max_seqs",
+    "--max-model-len": "context",
+    "--context-length": "context",
 }
 
 
@@ -73,26 +85,64 @@ class EmulatorSettings:
     seed: int
     world_seed: int = 0
     """The hidden world served (0: nominal, truth = priors and catalog)."""
+    context_tokens: int | None = None
+    """--max-model-len / --context-length; None: what the KV cache holds."""
 
 
-def parse_settings(argv: Sequence[str]) -> EmulatorSettings:
-    """Split SpecPilot's own flags from the engine's command line and read both."""
-    own = argparse.ArgumentParser(prog="specpilot emulate", allow_abbrev=False)
-    own.add_argument("--engine", choices=["vllm", "sglang"], default="vllm")
-    own.add_argument("--gpu", default="H100")
-    own.add_argument("--model-profile", default="llama-3.1-8b")
+def build_parser() -> argparse.ArgumentParser:
+    """SpecPilot's own flags; every other argument is the engine's command line."""
+    own = argparse.ArgumentParser(
+        prog="specpilot emulate",
+        allow_abbrev=False,
+        description="Serve an emulated vLLM or SGLang. Arguments not listed here are the "
+        "engine's own (--model, --port 0 for any free port, --max-model-len, the speculative "
+        "flags...).",
+    )
+    own.add_argument(
+        "--engine",
+        choices=["vllm", "sglang"],
+        default="vllm",
+        help="dialect (default: %(default)s)",
+    )
+    own.add_argument(
+        "--gpu",
+        default="H100",
+        help="GPU class whose step times are emulated (default: %(default)s)",
+    )
+    own.add_argument(
+        "--model-profile", default="llama-3.1-8b", help="model emulated (default: %(default)s)"
+    )
     own.add_argument(
         "--load-delay",
         type=float,
         default=None,
-        help="nominal seconds before serving (the world's start factor scales it)",
+        help="nominal seconds before serving (the world's start factor scales it; "
+        "default: 7.5 s per billion parameters)",
     )
-    own.add_argument("--task", default="chat", choices=TASKS)
-    own.add_argument("--seed", type=int, default=0)
     own.add_argument(
-        "--world-seed", type=int, default=0, help="hidden world to serve (0: nominal, the priors)"
+        "--task",
+        default="chat",
+        choices=TASKS,
+        help="acceptance of requests that name no task (default: %(default)s)",
     )
-    own.add_argument("--require-local-weights", action="store_true")
+    own.add_argument("--seed", type=int, default=0, help="acceptance draws (default: %(default)s)")
+    own.add_argument(
+        "--world-seed",
+        type=int,
+        default=0,
+        help="hidden world to serve (0: nominal, the priors) (default: %(default)s)",
+    )
+    own.add_argument(
+        "--require-local-weights",
+        action="store_true",
+        help="refuse to start, as engines do, when a local model or draft path is missing",
+    )
+    return own
+
+
+def parse_settings(argv: Sequence[str]) -> EmulatorSettings:
+    """Split SpecPilot's own flags from the engine's command line and read both."""
+    own = build_parser()
     ns, engine_args = own.parse_known_args(list(argv))
     config = get_adapter(ns.engine).parse(engine_args)
     found = find_flags(engine_args, _LAUNCH_FLAGS)
@@ -115,15 +165,33 @@ def parse_settings(argv: Sequence[str]) -> EmulatorSettings:
         config=config,
         model_name=served or model,
         host=(found["host"].value if "host" in found else None) or "0.0.0.0",
-        port=parse_int_flag(found.get("port")) or (8000 if ns.engine == "vllm" else 30000),
-        max_num_seqs=parse_int_flag(found.get("max_seqs")) or DEFAULT_MAX_NUM_SEQS,
+        port=_port(parse_int_flag(found.get("port")), ns.engine),
+        max_num_seqs=_positive("max_seqs", found) or DEFAULT_MAX_NUM_SEQS,
         gpu=ns.gpu,
         model_profile=ns.model_profile,
         load_delay_s=load_delay,
         default_task=ns.task,
         seed=ns.seed,
         world_seed=ns.world_seed,
+        context_tokens=_positive("context", found),
     )
+
+
+def _port(port: int | None, engine: str) -> int:
+    if port is None:
+        return 8000 if engine == "vllm" else 30000
+    if not 0 <= port <= 65535:
+        raise ConfigError("--port", port, "0 (any free port) to 65535")
+    return port
+
+
+def _positive(name: str, found: dict[str, FoundFlag]) -> int | None:
+    """A flag that must be a whole number >= 1, when given."""
+    flag = found.get(name)
+    value = parse_int_flag(flag)
+    if flag is not None and value is not None and value < 1:
+        raise ConfigError(flag.name, value, "an integer >= 1")
+    return value
 
 
 def _require_weights(field: str, path: str | None) -> None:
@@ -164,6 +232,12 @@ class EmulatedEngine:
         self._wake = asyncio.Event()
         self._ids = itertools.count(1)
         self._clock_origin = time.monotonic()
+        kv = self.core.kv_capacity_tokens
+        self.limits = Limits(
+            model_name=settings.model_name,
+            default_task=settings.default_task,
+            context_tokens=min(settings.context_tokens or kv, kv),
+        )
 
     def now(self) -> float:
         return time.monotonic() - self._clock_origin
@@ -181,6 +255,18 @@ class EmulatedEngine:
         self.core.add_request(request)
         self._wake.set()
         return pending
+
+    def abort(self, pending: _Pending) -> None:
+        """Stop generating for a request whose client has gone; a finished one is left be."""
+        if self._pending.pop(pending.request.request_id, None) is None:
+            return
+        if self.core.abort(pending.request):
+            self.exposition.record_aborted(pending.request, self.core)
+
+    @property
+    def in_flight(self) -> int:
+        """Requests submitted and neither finished nor aborted."""
+        return len(self._pending)
 
     async def run(self) -> None:
         cursor: float | None = None
@@ -216,16 +302,6 @@ def _words(count: int, offset: int) -> str:
     return " ".join(FILLER[(offset + i) % len(FILLER)] for i in range(count))
 
 
-def _prompt_tokens(body: dict[str, Any], chat: bool) -> int:
-    if chat:
-        messages = body.get("messages") or []
-        return sum(len(str(m.get("content", "")).split()) + 4 for m in messages)
-    prompt = body.get("prompt", "")
-    if isinstance(prompt, list):
-        prompt = " ".join(str(p) for p in prompt)
-    return len(str(prompt).split())
-
-
 def build_app(engine: EmulatedEngine) -> web.Application:
     settings = engine.settings
 
@@ -244,28 +320,25 @@ def build_app(engine: EmulatedEngine) -> web.Application:
 
     async def generate(http: web.Request, chat: bool) -> web.StreamResponse:
         try:
-            body = await http.json()
-        except json.JSONDecodeError:
-            return _error(400, "request body is not JSON")
-        if not isinstance(body, dict):
-            return _error(400, "request body must be a JSON object")
-        if body.get("model") not in (None, settings.model_name):
-            return _error(
-                404, f"model {body.get('model')!r} does not exist; served: {settings.model_name!r}"
-            )
-        task = body.get("task", settings.default_task)
-        if task not in TASKS:
-            return _error(400, f"task={task!r} is invalid: allowed {' | '.join(TASKS)}")
-        max_tokens = body.get("max_tokens", body.get("max_completion_tokens", 256 if chat else 16))
-        if not isinstance(max_tokens, int) or max_tokens < 1:
-            return _error(400, f"max_tokens={max_tokens!r} is invalid: allowed an integer >= 1")
-        prompt_tokens = _prompt_tokens(body, chat)
-        streaming = bool(body.get("stream", False))
-        pending = engine.submit(task, prompt_tokens, max_tokens, streaming)
+            asked = parse_generate(await http.read(), chat=chat, limits=engine.limits)
+        except BadRequest as exc:
+            return _error(exc.status, exc.message)
+        prompt_tokens = asked.prompt_tokens
+        pending = engine.submit(asked.task, prompt_tokens, asked.max_tokens, asked.streaming)
+        # The server cancels this handler when its client disconnects (handler_cancellation):
+        # the request is then aborted, whichever await it was cancelled in.
+        try:
+            return await _answer(http, pending, chat, prompt_tokens)
+        finally:
+            engine.abort(pending)
+
+    async def _answer(
+        http: web.Request, pending: _Pending, chat: bool, prompt_tokens: int
+    ) -> web.StreamResponse:
         created = int(time.time())
         kind = "chat.completion" if chat else "text_completion"
         request_id = ("chatcmpl-" if chat else "cmpl-") + pending.request.request_id
-        if streaming:
+        if pending.streaming:
             return await _stream(http, pending, chat, request_id, created, settings.model_name)
         produced = 0
         while (tokens := await pending.tokens.get()) is not None:
@@ -298,7 +371,7 @@ def build_app(engine: EmulatedEngine) -> web.Application:
     async def chat_completions(http: web.Request) -> web.StreamResponse:
         return await generate(http, chat=True)
 
-    app = web.Application()
+    app = web.Application(middlewares=[_json_errors])
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/metrics", metrics)
@@ -311,6 +384,21 @@ async def _stream(
     http: web.Request, pending: _Pending, chat: bool, request_id: str, created: int, model: str
 ) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    # a client gone mid-stream ends the writing; the caller aborts the request
+    with contextlib.suppress(ConnectionResetError):
+        await _write_stream(http, response, pending, chat, request_id, created, model)
+    return response
+
+
+async def _write_stream(
+    http: web.Request,
+    response: web.StreamResponse,
+    pending: _Pending,
+    chat: bool,
+    request_id: str,
+    created: int,
+    model: str,
+) -> None:
     await response.prepare(http)
     kind = "chat.completion.chunk" if chat else "text_completion"
     produced = 0
@@ -341,29 +429,53 @@ async def _stream(
     }
     await response.write(f"data: {json.dumps(final)}\n\ndata: [DONE]\n\n".encode())
     await response.write_eof()
-    return response
+
+
+@web.middleware
+async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """aiohttp's own refusals (unknown path, wrong method, body too large) in the same JSON
+    error shape as the API's."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return _error(exc.status, exc.text or exc.reason)
+
+
+_ERROR_TYPES = {404: "NotFoundError", 405: "MethodNotAllowedError", 413: "RequestTooLargeError"}
 
 
 def _error(status: int, message: str) -> web.Response:
-    body = {"error": {"message": message, "type": "BadRequestError", "code": status}}
+    kind = _ERROR_TYPES.get(status, "BadRequestError")
+    body = {"error": {"message": message, "type": kind, "code": status}}
     return web.json_response(body, status=status)
 
 
 async def serve(settings: EmulatorSettings) -> None:
     await asyncio.sleep(settings.load_delay_s)  # a real engine opens no port while loading
     engine = EmulatedEngine(settings)
-    runner = web.AppRunner(build_app(engine), access_log=None)
+    runner = web.AppRunner(build_app(engine), access_log=None, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, settings.host, settings.port)
     await site.start()
+    port = bound_port(runner, settings.port)
     print(
         f"specpilot emulator ({settings.engine}, {settings.gpu} x {settings.model_profile}, "
         f"{settings.config.describe()}"
         f"{f', world {settings.world_seed}' if settings.world_seed else ''}) serving "
-        f"{settings.model_name} on http://{settings.host}:{settings.port}",
+        f"{settings.model_name} on http://{settings.host}:{port}",
         flush=True,
     )
     try:
         await engine.run()
     finally:
         await runner.cleanup()
+
+
+def bound_port(runner: web.AppRunner, asked: int) -> int:
+    """The port the server listens on: the one asked for, or the one the system chose for 0."""
+    for address in runner.addresses:
+        if isinstance(address, tuple) and len(address) >= 2:
+            return int(address[1])
+    return asked

@@ -48,7 +48,14 @@ def find(docs: list[Obj], kind: str, name: str | None = None) -> Obj:
 
 
 def operator_rules(workdir: Path) -> list[Obj]:
-    rules: list[Obj] = find(render(workdir), "ClusterRole")["rules"]
+    # the operator's own role; the chart also renders aggregated view/edit roles for users
+    roles = [
+        d
+        for d in render(workdir)
+        if d["kind"] == "ClusterRole" and not d["metadata"]["name"].endswith(("-view", "-edit"))
+    ]
+    assert len(roles) == 1, f"{len(roles)} operator ClusterRoles"
+    rules: list[Obj] = roles[0]["rules"]
     return rules
 
 

@@ -69,8 +69,8 @@ def test_describe_names_what_a_node_allows() -> None:
     spec = structural_schema(Spec)["properties"]
     assert describe(spec["engine"]) == "vllm | sglang"
     assert describe(spec["port"]) == "an integer in 1..65535"
-    assert describe(spec["command"]) == "a list of at most 32 strings"
+    assert describe(spec["command"]) == "a list of 1..32 strings"
     assert describe(spec["tuning"]["properties"]["canary"]) == "true | false"
     assert describe(spec["tuning"]["properties"]["slo"]["properties"]["tpotP95Ms"]) == (
-        "a number in (0, 100000]"
+        "a number in [1, 100000]"
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -242,7 +243,8 @@ class ShortfallActuator(FakeActuator):
     records the phase the operator announced before each rollout."""
 
     def __init__(self, api: ApiServer, name: str) -> None:
-        super().__init__(busy())
+        # no queue: a move made for capacity alone is not judged on per-sequence speed
+        super().__init__(replace(busy(), waiting_requests=0.0))
         self.api, self.name = api, name
         self.phases: list[str] = []
 
@@ -250,7 +252,7 @@ class ShortfallActuator(FakeActuator):
         super().apply(config)
         self.phases.append(spd(self.api, self.name)["status"]["phase"])
         if len(self.applied) == 1:
-            self.observation = busy(tokens_per_s=4500.0)
+            self.observation = replace(busy(tokens_per_s=4500.0), waiting_requests=0.0)
 
 
 def test_a_switch_short_of_its_prediction_is_rolled_back_and_remembered(

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import importlib.util
+import json
+import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,3 +26,191 @@ def test_bench_script_imports(script: str) -> None:
     finally:
         del sys.modules[spec.name]
     assert callable(module.main)
+
+
+# --------------------------------------------------------------------------- real-engine bench
+# bench/real_engine.py is the harness of bench/real_vllm.py and bench/real_sglang.py; these
+# tests run their dry modes and pure parts (no engine starts here).
+
+RESULTS = BENCH / "results"
+
+
+def _load(script: str) -> Any:
+    """A bench script as a module (it puts bench/ on sys.path for its harness)."""
+    spec = importlib.util.spec_from_file_location(f"bench_{script[:-3]}_t", BENCH / script)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[spec.name]
+    return module
+
+
+def _dry_run(script: str, args: list[str], capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    assert _load(script).main(["--dry-run", *args]) == 0
+    plan: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return plan
+
+
+def test_real_sglang_dry_run_renders_cpu_servers_from_the_adapter(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from specpilot.runtime.engines import get_adapter
+    from specpilot.tuner import SpecConfig
+
+    plan = _dry_run(
+        "real_sglang.py", ["--phases", "3", "--log-dir", str(tmp_path), "--port", "19000"], capsys
+    )
+    servers = {s["policy"]: s for s in plan["servers"]}
+    assert list(servers) == ["none", "ngram K=3", "ngram K=5", "specpilot"]
+    sglang = get_adapter("sglang")
+    for name, config in [
+        ("none", SpecConfig()),
+        ("ngram K=3", SpecConfig(method="ngram", num_speculative_tokens=3)),
+        ("ngram K=5", SpecConfig(method="ngram", num_speculative_tokens=5)),
+        ("specpilot", SpecConfig()),  # the tuner starts with speculation off
+    ]:
+        command, env = servers[name]["command"], servers[name]["env"]
+        assert command[1:3] == ["-m", "sglang.launch_server"]
+        # the adapter reads back the config it rendered; the CPU flags are extra, not its own
+        assert sglang.parse(command[3:]) == config
+        backend = command[command.index("--attention-backend") + 1]
+        assert backend == ("intel_amx" if config.speculative else "torch_native")
+        assert env["SPECPILOT_STANDIN_CLAIM_AMX"] == ("1" if config.speculative else "0")
+        assert env["PYTHONPATH"].endswith("tests/contract/engine_side/sgl_kernel_standin")
+        assert env["SGLANG_USE_CPU_ENGINE"] == "1"
+        for flag in ("--device", "--sleep-on-idle", "--enable-metrics", "--random-seed"):
+            assert flag in command
+    k3 = servers["ngram K=3"]["command"]
+    assert k3[k3.index("--speculative-num-draft-tokens") + 1] == "4"
+    assert [p["name"] for p in plan["phases"]] == ["c1 greedy", "c8 greedy", "c8 temp0.7"]
+    assert {p["concurrency"] for p in plan["phases"]} == {1, 8}
+    # SGLang refuses NGRAM schedules: the tuner must not propose one
+    assert plan["tuner_settings_overrides"] == {"synthesize_schedules": False}
+    assert plan["command"].endswith(
+        f"bench/real_sglang.py --dry-run --phases 3 --log-dir {tmp_path} --port 19000"
+    )
+    assert plan["commit"]
+    assert plan["seeds"]["server_random_seed"] == 0
+    assert any("only EAGLE/EAGLE3" in note for note in plan["engine_notes"])
+
+
+def test_real_vllm_dry_run_keeps_its_policies_and_profile(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plan = _dry_run("real_vllm.py", ["--log-dir", str(tmp_path)], capsys)
+    assert [s["policy"] for s in plan["servers"]] == [
+        "none",
+        "ngram K=1",
+        "ngram K=3",
+        "ngram K=5",
+        "table",
+        "specpilot",
+    ]
+    assert [p["concurrency"] for p in plan["phases"]] == [1, 32, 32, 1, 1]
+    assert plan["tuner_settings_overrides"] == {}  # the tuner's defaults, as before
+    assert plan["calibration_concurrency"] == [1, 4, 16, 32]
+
+
+def test_real_vllm_markdown_still_renders_the_committed_result() -> None:
+    """The refactor onto the shared harness left the vLLM report's Markdown as it was."""
+    report = json.loads((RESULTS / "real_vllm.json").read_text())
+    markdown = _load("real_vllm.py").markdown(report)
+    assert markdown == (RESULTS / "real_vllm.md").read_text()
+
+
+@pytest.mark.parametrize("script", ["real_sglang.py", "real_vllm.py"])
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--phases", "0"], "--phases must be between 1 and 5"),
+        (["--phases", "6"], "--phases must be between 1 and 5"),
+        (["--rounds", "0"], "--rounds must be at least 1"),
+        (["--ks", "3,x"], "--ks must be comma-separated positive integers"),
+        (["--slot-seconds", "1"], "--slot-seconds must be at least 2"),
+    ],
+)
+def test_bad_options_end_with_a_message_naming_them(
+    script: str, args: list[str], named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        _load(script).main(["--dry-run", *args])
+    assert exit_.value.code == 2
+    assert named in capsys.readouterr().err
+
+
+def test_overall_tok_s_counts_specpilot_restarts_as_time_without_tokens() -> None:
+    harness = _load("real_sglang.py") and sys.modules["real_engine"]
+    phases = [harness.Phase("c1", 1, 0.0), harness.Phase("c8", 8, 0.0)]
+    static, pilot = [harness.Tally(), harness.Tally()], [harness.Tally(), harness.Tally()]
+    counts = {"tokens": 1000, "requests": 10, "errors": 0}
+    static[0].add(counts, 10.0, 0.0)
+    static[1].add({**counts, "tokens": 3000}, 10.0, 0.0)
+    pilot[0].add(counts, 10.0, 0.0)
+    pilot[1].add({**counts, "tokens": 2000}, 20.0, 10.0)  # a 10 s restart inside its slot
+    policies = [
+        {
+            "policy": "none",
+            "kind": "static",
+            "phases": [t.to_dict(p) for t, p in zip(static, phases, strict=True)],
+        },
+        {
+            "policy": "specpilot",
+            "kind": "specpilot",
+            "phases": [t.to_dict(p) for t, p in zip(pilot, phases, strict=True)],
+        },
+    ]
+    assert harness.overall_tok_s(policies) == {"none": 200.0, "specpilot": 100.0}
+    rows = harness.summarize(policies, phases)
+    assert rows[1]["ratio_wall"] == 0.333 and rows[1]["ratio_serving"] == 0.667
+    assert rows[1]["specpilot_downtime_s"] == 10.0
+
+
+def test_slot_counters_are_kept_only_without_a_restart() -> None:
+    sglang = _load("real_sglang.py")
+    harness = sys.modules["real_engine"]
+    engine = sglang.make_engine(19999, Path("/tmp/specpilot-unit-bench-logs"))
+    reads = iter([{"verify_calls": 5.0}, {"verify_calls": 9.0}, {"verify_calls": 9.0}])
+
+    def meter(_: Any) -> dict[str, float]:
+        return next(reads)
+
+    assert harness.metered(meter, engine, lambda: "slot") == ("slot", {"verify_calls": 4.0})
+
+    def restarting_slot() -> str:
+        engine.restarts += 1  # SpecPilot switched: the new process counts from zero
+        return "slot"
+
+    assert harness.metered(meter, engine, restarting_slot) == ("slot", None)
+    assert harness.metered(None, engine, lambda: "slot") == ("slot", None)
+
+
+def test_sglang_acceptance_length_from_its_counters() -> None:
+    sglang = _load("real_sglang.py")
+    # 2 requests: each 1 prefill token, then 10 verifies that accepted 15 drafts in all
+    counters = {"generation_tokens": 2 + 10 + 15, "requests": 2, "verify_calls": 10}
+    assert sglang.acceptance_length(counters) == 2.5
+    assert sglang.acceptance_length({**counters, "verify_calls": 0}) is None
+
+
+def test_commit_names_head_and_says_when_the_tree_differs(tmp_path: Path) -> None:
+    harness = _load("real_sglang.py") and sys.modules["real_engine"]
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+
+    git("init", "-q")
+    (tmp_path / "a.txt").write_text("a\n")
+    git("add", "a.txt")
+    git("commit", "-q", "-m", "one")
+    head = git("rev-parse", "HEAD")
+    assert harness.git_commit(tmp_path) == head
+    (tmp_path / "a.txt").write_text("b\n")
+    assert harness.git_commit(tmp_path) == f"{head} (tree dirty: 1 paths modified or untracked)"

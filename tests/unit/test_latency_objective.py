@@ -168,7 +168,7 @@ def test_at_low_load_latency_picks_speculation() -> None:
     assert decision.action == "switch" and decision.config.method == "eagle3", decision.reason
     assert "ms/token" in decision.reason
     # the gain the loop checks after the switch is per-sequence speed, as predicted
-    assert 0.3 < decision.predicted_gain < 3.0
+    assert 0.3 < decision.predicted_gain < 3.0 and decision.speed_checked
 
 
 def test_a_config_whose_capacity_is_below_the_forecast_load_is_not_chosen_at_peak() -> None:
@@ -186,6 +186,7 @@ def test_an_overloaded_speculative_config_is_left_for_more_capacity() -> None:
     decision = run("latency", EAGLE, [batch, batch, batch], waiting=400.0, restart_s=5.0)
     assert decision.action == "off", decision.reason
     assert decision.reason.startswith("capacity short of the load ahead")
+    assert not decision.speed_checked  # a queue grows the batch whatever runs
     # predicted per-sequence speed at full batch: no speculation is faster there
     assert decision.predicted_gain > 0
     assert math.isfinite(decision.predicted_gain)

@@ -38,7 +38,13 @@ def test_rate_and_mix_change_at_rows() -> None:
         ("time,rps,chat\n0,1,1\n1,0,1\n", "trace header"),
         ("t,rps,poetry\n0,1,1\n1,0,1\n", "trace header task"),
         ("t,rps,chat\n0,1,1\n0,2,1\n", "trace line 3 column t"),
-        ("t,rps,chat\n0,x,1\n1,0,1\n", "trace line 2"),
+        ("t,rps,chat\n0,x,1\n1,0,1\n", "trace line 2 column rps"),
+        ("t,rps,chat\n0,inf,1\n1,0,1\n", "trace line 2 column rps"),
+        ("t,rps,chat\n0,NaN,1\n1,0,1\n", "trace line 2 column rps"),
+        ("t,rps,chat\n0,-1,1\n1,0,1\n", "trace line 2 column rps"),
+        ("t,rps,chat\n0,1,nan\n1,0,1\n", "trace line 2 column chat"),
+        ("t,rps,chat\n0,1,1\n1e400,0,1\n", "trace line 3 column t"),
+        ("t,rps,chat\n0,1,1\nnan,0,1\n", "trace line 3 column t"),
         ("t,rps,chat\n0,1\n1,0,1\n", "trace line 2"),
         ("t,rps,chat\n0,1,0\n1,0,1\n", "trace line 2"),
         ("t,rps,chat\n5,1,1\n9,0,1\n", "trace line 2 column t"),
@@ -49,3 +55,11 @@ def test_malformed_traces_name_the_place(text: str, field: str) -> None:
     with pytest.raises(ConfigError) as info:
         parse_trace(text)
     assert info.value.field == field
+
+
+def test_a_trace_that_is_not_utf8_names_the_line_and_column(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.csv"
+    path.write_bytes("t,rps,chat\n0,1,1\n1,0,1 # café\n".encode("latin-1"))
+    with pytest.raises(ConfigError) as info:
+        load_trace(path)
+    assert info.value.field == f"{path} line 3 column 12" and "UTF-8" in str(info.value)

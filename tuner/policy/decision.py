@@ -34,6 +34,9 @@ class Decision:
     the running one (0 when staying): what the control loop checks after the switch."""
     regime: str
     predicted_tokens_per_s: float | None = None
+    speed_checked: bool = True
+    """Whether the first window after the switch should show `predicted_gain` in per-sequence
+    speed (False for a move made for capacity: under a queue the batch grows whatever runs)."""
 
 
 def decide(
@@ -72,6 +75,7 @@ def decide(
         predicted_gain=speed_gain,
         regime=running.regime,
         predicted_tokens_per_s=predicted.tokens_per_s,
+        speed_checked=not proposal.for_capacity,
     ), replace(state, current=target, since_s=now, restarts=restarts)
 
 

@@ -113,6 +113,7 @@ def propose_for_latency(
             gain=best.tokens_per_s / served - 1.0,
             why=why,
             speed_gain=now.tpot_s / at_batch[best_config].tpot_s - 1.0,
+            for_capacity=running_score.overloaded,
             detail=detail,
         )
     trial = explore(ranked, current, running, settings)

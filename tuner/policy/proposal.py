@@ -35,6 +35,9 @@ class Proposal:
     speed_gain: float | None = None
     """Per-sequence speed (1 / per-token latency) gain predicted at the offered load, where the
     objective's `gain` is something else (latency: it prices overload); None: `gain` is it."""
+    for_capacity: bool = False
+    """Made because the running config cannot keep up with the load ahead: per-sequence speed
+    is not what it promises (under a queue the batch grows whatever the config)."""
     detail: str | None = None
     """What the objective compared, for the decision's reason (None: tokens/s at the batch)."""
 

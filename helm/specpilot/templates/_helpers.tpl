@@ -26,3 +26,68 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- default "default" .Values.serviceAccount.name -}}
 {{- end -}}
 {{- end -}}
+
+{{- /* Labels on every monitoring object: monitoring.labels plus kube-prometheus-stack's
+`release` selector label when its release is named. */ -}}
+{{- define "specpilot.monitoringLabels" -}}
+{{- $labels := dict -}}
+{{- with .Values.monitoring.prometheusRelease }}{{ $_ := set $labels "release" . }}{{ end -}}
+{{- $labels = merge (deepCopy .Values.monitoring.labels) $labels -}}
+{{- if $labels }}{{ toYaml $labels }}{{ end -}}
+{{- end -}}
+
+{{- define "specpilot.monitoringLabelsJson" -}}
+{{- $labels := dict -}}
+{{- with .Values.monitoring.prometheusRelease }}{{ $_ := set $labels "release" . }}{{ end -}}
+{{- $labels = merge (deepCopy .Values.monitoring.labels) $labels -}}
+{{- toJson $labels -}}
+{{- end -}}
+
+{{- /* URL prefixes the operator may query: prometheus.allowedUrls, else prometheus.url. */ -}}
+{{- define "specpilot.prometheusAllow" -}}
+{{- if .Values.prometheus.allowedUrls -}}
+{{- join "," .Values.prometheus.allowedUrls -}}
+{{- else -}}
+{{- .Values.prometheus.url -}}
+{{- end -}}
+{{- end -}}
+
+{{- /* The namespaced rules: what the operator does inside a namespace it serves. Shared by
+the ClusterRole (cluster-wide mode) and the per-namespace Roles (namespaced mode). */ -}}
+{{- define "specpilot.namespacedRules" -}}
+# Watch SpecDeployments; kopf patches them (finalizer, last-handled annotation).
+- apiGroups: [specpilot.io]
+  resources: [specdeployments]
+  verbs: [get, list, watch, patch]
+# Status: phase, current config, observations, decisions, conditions, tuner state.
+- apiGroups: [specpilot.io]
+  resources: [specdeployments/status]
+  verbs: [get, patch]
+# An Event for every decision, rollout and rollback (kopf posts core/v1 Events); a repeat
+# of the same Event is read and its count patched.
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create, get, patch]
+- apiGroups: [events.k8s.io]
+  resources: [events]
+  verbs: [create]
+# Owned children: engine Deployments (main and canary, deleted after a canary), the Service,
+# sidecar ConfigMaps (immutable, pruned when no longer referenced).
+- apiGroups: [apps]
+  resources: [deployments]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [""]
+  resources: [services]
+  verbs: [get, list, watch, create, patch]
+- apiGroups: [""]
+  resources: [configmaps]
+  verbs: [get, list, watch, create, patch, delete]
+# Engine pods: readiness during a rollout and their /metrics when scraping directly.
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [get, list, watch]
+# Prometheus Operator monitors, created only where their CRDs exist.
+- apiGroups: [monitoring.coreos.com]
+  resources: [podmonitors, servicemonitors]
+  verbs: [get, list, watch, create, patch]
+{{- end -}}

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
+import math
 import os
 import shlex
 import subprocess
@@ -32,7 +32,6 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 from specpilot.operator.app.bench.policies import SPECPILOT, StaticPolicy, baselines
@@ -44,10 +43,12 @@ from specpilot.operator.app.bench.traffic import (
     requests_from_rates,
     requests_from_trace,
 )
+from specpilot.operator.app.cli_conventions import STDOUT, add_json_option, progress, write_json
 from specpilot.runtime.emulator.deployment import ROLLOUTS
 from specpilot.runtime.emulator.fast_sweep import TASK_SHAPES
 from specpilot.runtime.emulator.world import draw_world
 from specpilot.runtime.load_shaping import (
+    MAX_REQUESTS,
     RequestShape,
     TaskShapes,
     TraceShapes,
@@ -70,13 +71,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p = sub.add_parser(
         "bench",
         help="every policy in hidden worlds on a trace, scored by latency and SLO attainment",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--trace", required=True, help="rate CSV (t,rps,<task>...), Azure CSV or "
                    "Mooncake JSONL")  # fmt: skip
     p.add_argument("--task-mix", default="chat=1", help="tasks for a per-request trace")
     p.add_argument("--gpu", default="H100", choices=sorted(GPUS), help="GPU class")
-    p.add_argument("--model-profile", default="llama-3.1-8b", choices=sorted(PROFILES))
+    p.add_argument(
+        "--model-profile", default="llama-3.1-8b", choices=sorted(PROFILES), help="model served"
+    )
     p.add_argument("--engine", default="vllm", choices=["vllm", "sglang"], help="dialect")
     p.add_argument("--window", type=float, default=60.0, help="seconds per decision / report")
     p.add_argument("--worlds", type=int, default=1, help="hidden worlds to run")
@@ -88,7 +90,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--poisson", help="A:B:N Poisson rates as fractions of capacity")
     p.add_argument("--seed", type=int, default=0, help="traffic and engine seed")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes")
-    p.add_argument("--json", dest="json_out", help="write the report to this file")
+    add_json_option(p, "the full report")
     p.set_defaults(run=run)
 
 
@@ -106,6 +108,8 @@ def run(ns: argparse.Namespace) -> int:
     nominal = StepCost.for_hardware(ns.gpu, ns.model_profile)
     loaded = load_any_trace(ns.trace, mix=parse_task_mix(ns.task_mix), seed=ns.seed)
     base = _traffic(loaded, ns.seed)
+    if not base.requests:
+        raise ConfigError("--trace", ns.trace, "traffic with at least one request", "it has none")
     capacity = no_spec_capacity_rps(nominal, base.requests) * ns.replicas
     traffics = _shaped(ns, loaded, base, capacity)
     policies: list[StaticPolicy | str] = [*baselines(ns.engine, nominal), SPECPILOT]
@@ -127,10 +131,10 @@ def run(ns: argparse.Namespace) -> int:
     jobs = [(i, w, p) for i in range(len(setups)) for w in worlds for p in policies]
     runs = _run_all(setups, jobs, ns.workers)
     report = _report(ns, traffics, setups, worlds, runs, capacity, time.monotonic() - started)
-    text = json.dumps(report, indent=1)
-    if ns.json_out:
-        Path(ns.json_out).write_text(text + "\n", encoding="utf-8")
-    print(markdown(report["summary"]), end="")
+    if ns.json is not None:
+        write_json(ns.json, report, indent=1)
+    if ns.json != STDOUT:
+        print(markdown(report["summary"]), end="")
     return 0
 
 
@@ -140,8 +144,8 @@ def _check(ns: argparse.Namespace) -> None:
             raise ConfigError(flag, value, "an integer of 1 or more")
     if ns.workers < 1:
         raise ConfigError("--workers", ns.workers, "an integer of 1 or more")
-    if not ns.window > 0:
-        raise ConfigError("--window", ns.window, "seconds > 0")
+    if not (math.isfinite(ns.window) and ns.window > 0):
+        raise ConfigError("--window", ns.window, "a finite number of seconds > 0")
     if ns.peak_load is not None and ns.time_scale is not None:
         raise ConfigError("--peak-load", ns.peak_load, "either --peak-load or --time-scale")
 
@@ -161,6 +165,11 @@ def _shaped(
             if isinstance(loaded, RequestTrace)
             else TaskShapes.of(TASK_SHAPES, dict(loaded.rows[0].mix))
         )
+        fractions = parse_poisson_sweep(ns.poisson)
+        most = MAX_REQUESTS / (capacity * POISSON_DURATION_S)
+        if max(fractions) > most:
+            allowed = f"fractions of capacity up to {most:.3g}"
+            raise ConfigError("--poisson", ns.poisson, allowed, f"{MAX_REQUESTS:,} requests a run")
         return [
             Traffic(
                 f"poisson-{fraction:g}",
@@ -168,7 +177,7 @@ def _shaped(
                 POISSON_DURATION_S,
                 rate_fraction=fraction,
             )
-            for fraction in parse_poisson_sweep(ns.poisson)
+            for fraction in fractions
         ]
     if ns.peak_load is not None:
         shaped = amplify_to_peak_load(loaded, ns.peak_load, capacity, seed=ns.seed)
@@ -192,23 +201,20 @@ def _one(args: tuple[Setup, int, StaticPolicy | str]) -> PolicyRun:
 def _run_all(
     setups: list[Setup], jobs: list[tuple[int, int, StaticPolicy | str]], workers: int
 ) -> dict[tuple[int, int], list[PolicyRun]]:
-    from rich.progress import Progress
-
     out: dict[tuple[int, int], list[PolicyRun]] = {}
     work = [(setups[i], w, p) for i, w, p in jobs]
-    with Progress(transient=True) as progress:
-        task = progress.add_task("bench", total=len(work))
+    with progress("bench", len(work)) as bar:
         if workers == 1:
             results = []
             for item in work:
                 results.append(_one(item))
-                progress.advance(task)
+                bar.advance()
         else:
             with ProcessPoolExecutor(max_workers=workers) as pool:
                 results = []
                 for result in pool.map(_one, work, chunksize=1):
                     results.append(result)
-                    progress.advance(task)
+                    bar.advance()
     for (i, w, _), result in zip(jobs, results, strict=True):
         out.setdefault((i, w), []).append(result)
     return out

@@ -16,9 +16,10 @@ from dataclasses import dataclass
 
 from specpilot.runtime.emulator.arrivals import draw_arrival, draw_request
 from specpilot.runtime.emulator.core import DEFAULT_MAX_NUM_SEQS, EngineCore, Request
+from specpilot.runtime.load_shaping import MAX_REQUESTS, MAX_TRACE_S, expected_arrivals
 from specpilot.runtime.request_traces import RequestTrace
 from specpilot.runtime.traces import Trace
-from specpilot.tuner import SpecConfig, StepCost
+from specpilot.tuner import ConfigError, SpecConfig, StepCost
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,10 +31,22 @@ class RequestTemplate:
 
 
 def requests_from_rates(trace: Trace, seed: int) -> tuple[RequestTemplate, ...]:
+    """The curve's requests; a curve offering more than MAX_REQUESTS (or whose times are too
+    far out for a float to step through) is a ConfigError, not a run that never ends."""
+    expected = expected_arrivals(trace)
+    if expected > MAX_REQUESTS or trace.duration_s > MAX_TRACE_S:
+        raise ConfigError(
+            "trace",
+            trace.name,
+            f"at most {MAX_REQUESTS:,} requests over at most {MAX_TRACE_S:g} s",
+            f"it offers {expected:.3g} requests over {trace.duration_s:.3g} s",
+        )
     rng = random.Random(seed)
     out: list[RequestTemplate] = []
     arrival = draw_arrival(trace, 0.0, rng)
     while arrival is not None:
+        if len(out) >= MAX_REQUESTS:  # a Poisson draw far above its expectation
+            raise ConfigError("trace", trace.name, f"at most {MAX_REQUESTS:,} requests")
         request = draw_request(trace, arrival, len(out) + 1, rng)
         out.append(
             RequestTemplate(arrival, request.task, request.prompt_tokens, request.max_tokens)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import multiprocessing
 import os
 import signal
@@ -79,19 +80,21 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     parser.add_argument("--trace", help="CSV t,rps,<task>,... (default: the built-in day)")
     parser.add_argument("--out", default="demo-output", help="folder for summary and plot")
     parser.add_argument("--window", type=float, default=5.0, help="seconds per tick")
-    parser.add_argument("--min-dwell", type=float, default=15.0)
+    parser.add_argument(
+        "--min-dwell", type=float, default=15.0, help="seconds a config runs before a switch"
+    )
     parser.add_argument("--restart-budget", type=int, default=6, help="restarts in the run")
     parser.add_argument("--load-delay", type=float, default=2.0, help="emulated model load, s")
-    parser.add_argument("--slo-tpot-ms", type=float, default=50.0)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--gpu", default="H100")
-    parser.add_argument("--model-profile", default="llama-3.1-8b")
+    parser.add_argument("--slo-tpot-ms", type=float, default=50.0, help="TPOT p95 target, ms")
+    parser.add_argument("--seed", type=int, default=0, help="arrivals and acceptance draws")
+    parser.add_argument("--gpu", default="H100", help="GPU class emulated and priced")
+    parser.add_argument("--model-profile", default="llama-3.1-8b", help="model emulated")
     parser.set_defaults(run=run)
 
 
 def stretch(trace: Trace, duration_s: float) -> Trace:
     """The same shape over `duration_s` seconds; rates are kept (they are physics)."""
-    if duration_s <= 0:
+    if not (math.isfinite(duration_s) and duration_s > 0):
         raise ConfigError("--duration", duration_s, "a positive number of seconds")
     scale = duration_s / trace.duration_s
     return Trace(trace.name, tuple(TraceRow(r.t * scale, r.rps, r.mix) for r in trace.rows))

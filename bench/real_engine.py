@@ -1,0 +1,810 @@
+"""The real-engine bench's harness, shared by bench/real_vllm.py and bench/real_sglang.py.
+
+Contract: `run(plan, ns, log)` starts one real server per static policy and one for SpecPilot,
+all through `LocalEngine` (the actuator `specpilot run` uses), keeps them all up and loads one
+at a time in interleaved slots, so that load from other jobs on the shared CPU lands on every
+policy alike: for each phase, `ns.rounds` rounds of one slot per policy in rotating order. A
+phase is a concurrency (closed-loop async users streaming /v1/completions) and a temperature.
+Tokens are counted client-side from the engine's continuous usage stats as they stream.
+SpecPilot's slot is one tick of its loop (`pilot_slot`); restarts count against it.
+
+What differs per engine comes in the `Plan`: how to make a server, the phases, the calibration
+concurrencies, an optional per-slot meter of the server's own counters, an optional hook after
+each phase, and the Markdown renderer. The report is written after every phase, so a cut run
+keeps its part.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from specpilot.operator.loop import ControlLoop, TickRecord
+from specpilot.runtime.engines import get_adapter
+from specpilot.runtime.local_engine import LocalEngine
+from specpilot.runtime.probe import fit_step_time
+from specpilot.tuner import (
+    AcceptanceCurve,
+    SpecConfig,
+    StepCost,
+    StepTimeModel,
+    TunerSettings,
+    TunerState,
+    acceptance_curve,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+MODEL = ROOT / ".cache" / "tiny-models" / "llama"
+SERVED = "tiny"
+MAX_TOKENS = 96
+# Repetitive sentences: a greedy random model falls into loops an n-gram drafter predicts.
+PROMPTS = tuple(
+    f"{s} " * 4
+    for s in (
+        "the quick brown fox jumps over the lazy dog",
+        "a stitch in time saves nine and a penny saved is a penny earned",
+        "all work and no play makes jack a dull boy",
+        "to be or not to be that is the question",
+        "she sells sea shells by the sea shore",
+        "the rain in spain stays mainly in the plain",
+        "an apple a day keeps the doctor away",
+        "what goes up must come down",
+    )
+)
+WARM_UP = (4, 5.0)
+"""(concurrency, seconds) of greedy load after a fresh start."""
+
+
+@dataclass(frozen=True, slots=True)
+class Phase:
+    name: str
+    concurrency: int
+    temperature: float
+
+
+@dataclass
+class TimedEngine(LocalEngine):
+    """LocalEngine that records each apply's interval: the engine serves nothing meanwhile."""
+
+    downtime: list[tuple[float, float | None]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def apply(self, config: SpecConfig) -> None:
+        with self.lock:
+            self.downtime.append((time.time(), None))
+        try:
+            super().apply(config)
+        finally:
+            with self.lock:
+                start, _ = self.downtime[-1]
+                self.downtime[-1] = (start, time.time())
+
+    def down_between(self, t0: float, t1: float) -> float:
+        with self.lock:
+            spans = [(s, t1 if e is None else e) for s, e in self.downtime]
+        return sum(max(0.0, min(e, t1) - max(s, t0)) for s, e in spans)
+
+
+Meter = Callable[[TimedEngine], dict[str, float]]
+"""Cumulative counters read from a server (e.g. its /metrics); slots sum their deltas."""
+
+
+async def _user(
+    client: httpx.AsyncClient, url: str, phase: Phase, user: int, counts: dict[str, int]
+) -> None:
+    """One closed-loop user: a streamed request, then the next, until cancelled."""
+    index = user
+    while True:
+        body = {
+            "model": SERVED,
+            "prompt": PROMPTS[index % len(PROMPTS)],
+            "max_tokens": MAX_TOKENS,
+            "temperature": phase.temperature,
+            "ignore_eos": True,  # random weights: an early EOS would shorten requests by chance
+            "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        }
+        index += 1
+        seen = 0
+        try:
+            async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
+                response.raise_for_status()
+                async for line in response.aiter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    usage = json.loads(line[6:]).get("usage") or {}
+                    total = int(usage.get("completion_tokens") or 0)
+                    if total > seen:
+                        counts["tokens"] += total - seen
+                        seen = total
+            counts["requests"] += 1
+        except (httpx.HTTPError, json.JSONDecodeError):
+            # the server is restarting (SpecPilot) or refused: no tokens, try again shortly
+            counts["errors"] += 1
+            await asyncio.sleep(0.5)
+
+
+async def _drive(url: str, phase: Phase, done: Callable[[float], bool]) -> dict[str, int]:
+    counts = {"tokens": 0, "requests": 0, "errors": 0}
+    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(120.0), limits=limits) as client:
+        users = [
+            asyncio.create_task(_user(client, url, phase, u, counts))
+            for u in range(phase.concurrency)
+        ]
+        start = time.time()
+        while not done(start):
+            await asyncio.sleep(0.2)
+        for task in users:  # closing the stream makes the engine abort the request
+            task.cancel()
+        await asyncio.gather(*users, return_exceptions=True)
+    return counts
+
+
+@dataclass
+class Tally:
+    """One policy's load slots in one phase, summed."""
+
+    tokens: int = 0
+    wall_s: float = 0.0
+    downtime_s: float = 0.0
+    requests: int = 0
+    errors: int = 0
+    slots: int = 0
+    counters: dict[str, float] = field(default_factory=dict)
+    """Summed deltas of the server's own counters over the metered slots (a `Meter`)."""
+    metered_slots: int = 0
+
+    def add(self, counts: dict[str, int], wall_s: float, downtime_s: float) -> None:
+        self.tokens += counts["tokens"]
+        self.requests += counts["requests"]
+        self.errors += counts["errors"]
+        self.wall_s += wall_s
+        self.downtime_s += downtime_s
+        self.slots += 1
+
+    def add_counters(self, deltas: Mapping[str, float]) -> None:
+        for name, value in deltas.items():
+            self.counters[name] = self.counters.get(name, 0.0) + value
+        self.metered_slots += 1
+
+    def to_dict(self, phase: Phase) -> dict[str, Any]:
+        serving = self.wall_s - self.downtime_s
+        out = {
+            "name": phase.name,
+            "concurrency": phase.concurrency,
+            "temperature": phase.temperature,
+            "slots": self.slots,
+            "wall_s": round(self.wall_s, 2),
+            "downtime_s": round(self.downtime_s, 2),
+            "serving_s": round(serving, 2),
+            "tokens": self.tokens,
+            "requests_done": self.requests,
+            "errors": self.errors,
+            "tokens_per_s_wall": round(self.tokens / max(self.wall_s, 1e-9), 2),
+            "tokens_per_s_serving": round(self.tokens / max(serving, 1e-9), 2),
+        }
+        if self.metered_slots:
+            out["server_counters"] = {k: round(v, 3) for k, v in sorted(self.counters.items())}
+            out["metered_slots"] = self.metered_slots
+        return out
+
+
+def slot(engine: TimedEngine, phase: Phase, seconds: float) -> tuple[dict[str, int], float]:
+    """Load one static server for `seconds`; (counts, wall seconds)."""
+    t0 = time.time()
+    counts = asyncio.run(_drive(engine.url, phase, lambda start: time.time() - start >= seconds))
+    return counts, time.time() - t0
+
+
+def pilot_slot(
+    engine: TimedEngine, loop: ControlLoop, phase: Phase, lead_s: float
+) -> tuple[dict[str, int], float, float, TickRecord | None]:
+    """Load SpecPilot's server for one tick: the load starts, `lead_s` later the loop observes
+    its window, decides and, on a switch, restarts the engine; the load ends with the tick, so
+    a restart's time is inside the slot with no tokens. (counts, wall s, downtime s, record)"""
+    records: list[TickRecord] = []
+    errors: list[BaseException] = []
+
+    def tick() -> None:
+        try:
+            time.sleep(lead_s)
+            records.append(loop.tick(time.time()))
+        except BaseException as exc:  # reported with the results; the bench goes on
+            errors.append(exc)
+
+    thread = threading.Thread(target=tick, daemon=True)
+    t0 = time.time()
+    thread.start()
+    counts = asyncio.run(_drive(engine.url, phase, lambda start: not thread.is_alive()))
+    t1 = time.time()
+    if errors:
+        counts["loop_errors"] = len(errors)
+    return counts, t1 - t0, engine.down_between(t0, t1), (records[0] if records else None)
+
+
+def metered(
+    meter: Meter | None, engine: TimedEngine, run_slot: Callable[[], Any]
+) -> tuple[Any, dict[str, float] | None]:
+    """Run a slot between two reads of the server's counters; (slot's result, deltas), the
+    deltas None without a meter, or when the server restarted within (its counters reset)."""
+    if meter is None:
+        return run_slot(), None
+    restarts = engine.restarts
+    before = meter(engine)
+    result = run_slot()
+    if engine.restarts != restarts:
+        return result, None
+    after = meter(engine)
+    return result, {k: after.get(k, 0.0) - v for k, v in before.items()}
+
+
+def warm_up(url: str) -> None:
+    """A few seconds of load after a fresh start, so first-request costs (allocations, caches)
+    do not land in the first measured slot. SpecPilot's later restarts get none."""
+    users, seconds = WARM_UP
+    warm = Phase("warm-up", users, 0.0)
+    asyncio.run(_drive(url, warm, lambda start: time.time() - start >= seconds))
+
+
+def calibrate(
+    engine: TimedEngine, seconds: float, concurrencies: Sequence[int], source: str
+) -> tuple[StepTimeModel, list[list[float]]]:
+    """The plain server's step time at several concurrencies (c / tokens per second: one token
+    per request per step), fitted as the probe fits its sweep. Greedy traffic; the plain server
+    does not care about acceptance."""
+    points = []
+    for c in concurrencies:
+        counts, wall = slot(engine, Phase(f"calibrate c{c}", c, 0.0), seconds)
+        points.append((c, 0, c / (counts["tokens"] / wall)))
+    fit = fit_step_time(points)
+    model = StepTimeModel(
+        fixed_s=fit.fixed_s,
+        per_token_s=fit.per_token_s,
+        per_kv_token_s=fit.per_kv_token_s,
+        source=source,
+    )
+    return model, [[c, round(t * 1e3, 3)] for c, _, t in points]
+
+
+def tick_row(
+    record: TickRecord, before: SpecConfig | None, t_zero: float, phase: str
+) -> dict[str, Any]:
+    obs, decision = record.observation, record.decision
+    return {
+        "t": round(record.now - t_zero, 1),
+        "phase": phase,
+        "running_config": before.describe() if before else None,
+        "action": decision.action,
+        "config": decision.config.describe(),
+        "applied": record.applied,
+        "error": record.error,
+        "regime": decision.regime,
+        "batch": None if obs.running_requests is None else round(obs.running_requests, 2),
+        "acceptance_length": (
+            None if obs.acceptance_length is None else round(obs.acceptance_length, 3)
+        ),
+        "tokens_per_s": (
+            None if obs.generation_tokens_per_s is None else round(obs.generation_tokens_per_s, 1)
+        ),
+        "predicted_tokens_per_s": (
+            None
+            if decision.predicted_tokens_per_s is None
+            else round(decision.predicted_tokens_per_s, 1)
+        ),
+        "predicted_gain": round(decision.predicted_gain, 4),
+        "reason": decision.reason,
+    }
+
+
+def summarize(policies: list[dict[str, Any]], phases: Sequence[Phase]) -> list[dict[str, Any]]:
+    """Per phase: every policy's tokens/s, best and worst static, SpecPilot's ratios. Best and
+    worst are over the plain statics: a policy whose name is "table" is shown, not ranked."""
+    rows = []
+    for i, phase in enumerate(phases):
+        statics = {
+            p["policy"]: p["phases"][i]["tokens_per_s_serving"]
+            for p in policies
+            if p["kind"] == "static" and p["policy"] != "table" and i < len(p["phases"])
+        }
+        row: dict[str, Any] = {
+            "phase": phase.name,
+            "tokens_per_s": {
+                p["policy"]: p["phases"][i]["tokens_per_s_serving"]
+                for p in policies
+                if i < len(p["phases"])
+            },
+        }
+        if statics:
+            best = max(statics, key=lambda k: statics[k])
+            worst = min(statics, key=lambda k: statics[k])
+            row |= {"best_static": best, "worst_static": worst}
+            pilot = next((p for p in policies if p["kind"] == "specpilot"), None)
+            if pilot is not None and i < len(pilot["phases"]):
+                got = pilot["phases"][i]
+                row |= {
+                    "specpilot_wall": got["tokens_per_s_wall"],
+                    "specpilot_serving": got["tokens_per_s_serving"],
+                    "specpilot_downtime_s": got["downtime_s"],
+                    "ratio_wall": round(got["tokens_per_s_wall"] / statics[best], 3),
+                    "ratio_serving": round(got["tokens_per_s_serving"] / statics[best], 3),
+                }
+        rows.append(row)
+    return rows
+
+
+def overall_tok_s(policies: list[dict[str, Any]]) -> dict[str, float]:
+    """Tokens/s over all phases run, per policy: all its tokens over all its slots' wall time
+    (SpecPilot's restarts inside its slots count as time without tokens)."""
+    out = {}
+    for p in policies:
+        tokens = sum(ph["tokens"] for ph in p["phases"])
+        wall = sum(ph["wall_s"] for ph in p["phases"])
+        out[p["policy"]] = round(tokens / wall, 2) if wall > 0 else 0.0
+    return out
+
+
+def git_commit(root: Path = ROOT) -> str:
+    """HEAD's hash, and a note when the working tree differs from it (the figures then come
+    from code that no commit holds exactly)."""
+
+    def git(*args: str) -> str:
+        done = subprocess.run(
+            ["git", "-C", str(root), *args], capture_output=True, text=True, check=False
+        )
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    head = git("rev-parse", "HEAD") or "unknown (not a git checkout)"
+    changed = [line for line in git("status", "--porcelain").splitlines() if line.strip()]
+    if not changed:
+        return head
+    return f"{head} (tree dirty: {len(changed)} paths modified or untracked)"
+
+
+def command_line(argv: Sequence[str]) -> str:
+    """The command as one shell line, with the environment the run needs."""
+    return " ".join(["HF_HUB_OFFLINE=1", ".venv/bin/python", *map(shlex.quote, argv)])
+
+
+def write(report: dict[str, Any], out: Path, markdown: Callable[[dict[str, Any]], str]) -> None:
+    out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
+    out.with_suffix(".md").write_text(markdown(report))
+
+
+def vars_phase(phase: Phase) -> dict[str, Any]:
+    return {"name": phase.name, "concurrency": phase.concurrency, "temperature": phase.temperature}
+
+
+def idle_cpu(engines: list[TimedEngine], seconds: float) -> float:
+    """Cores the idle servers burn together (their process groups' CPU time over `seconds`):
+    idle servers must not slow the one under load."""
+
+    def cpu() -> float:
+        groups = {e._process.pid for e in engines if e._process is not None}
+        total = 0
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) in groups:  # field 5 of stat: the process group
+                total += int(fields[11]) + int(fields[12])  # utime + stime, in ticks
+        return total / os.sysconf("SC_CLK_TCK")
+
+    before = cpu()
+    time.sleep(seconds)
+    return (cpu() - before) / seconds
+
+
+def add_arguments(parser: argparse.ArgumentParser, *, phases: int, out: Path, log_dir: str) -> None:
+    """The options both arms take (the engine's own are added by its script)."""
+    parser.add_argument("--slot-seconds", type=float, default=11.0, help="one load slot")
+    parser.add_argument("--rounds", type=int, default=3, help="slots per policy per phase")
+    parser.add_argument("--ks", default="1,3,5", help="ngram Ks of the static configs")
+    parser.add_argument(
+        "--phases",
+        type=int,
+        default=phases,
+        help=f"run the first N phases of the profile (1..{phases}; a short smoke run)",
+    )
+    parser.add_argument("--port", type=int, default=18731)
+    parser.add_argument("--min-dwell", type=float, default=20.0)
+    parser.add_argument("--restart-budget", type=int, default=12, help="restarts per hour")
+    parser.add_argument("--task", default="chat", help="acceptance prior of the tuner")
+    parser.add_argument("--calibrate-seconds", type=float, default=8.0)
+    parser.add_argument("--gpu-for-drafts", default="H100", help="unused by ngram")
+    parser.add_argument("--model-profile", default="llama-3.1-8b", help="unused by ngram")
+    parser.add_argument("--out", default=str(out))
+    parser.add_argument("--log-dir", default=log_dir)
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the plan (policies, command lines, phases, expected minutes) and exit",
+    )
+
+
+def check_arguments(parser: argparse.ArgumentParser, ns: argparse.Namespace, phases: int) -> None:
+    """Bad values end with a message naming the option and what it accepts."""
+    if not 1 <= ns.phases <= phases:
+        parser.error(f"--phases must be between 1 and {phases}, got {ns.phases}")
+    if ns.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {ns.rounds}")
+    if ns.slot_seconds < 2.0:
+        parser.error(
+            f"--slot-seconds must be at least 2 (the loop's window is 1 s less), got "
+            f"{ns.slot_seconds}"
+        )
+    try:
+        ks = [int(k) for k in ns.ks.split(",")]
+    except ValueError:
+        ks = []
+    if not ks or min(ks) < 1:
+        parser.error(f"--ks must be comma-separated positive integers, e.g. 1,3,5; got {ns.ks!r}")
+
+
+def parse_ks(text: str) -> list[int]:
+    return [int(k) for k in text.split(",")]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """What one engine brings to the harness."""
+
+    engine_label: str
+    """e.g. "vLLM CPU" or "SGLang CPU": used in the calibration fit's source."""
+    make_engine: Callable[[int, Path], TimedEngine]
+    """(port, log folder) -> a stopped server of this engine."""
+    statics: Sequence[tuple[str, SpecConfig]]
+    candidates: tuple[SpecConfig, ...]
+    phases: tuple[Phase, ...]
+    calibration_concurrency: tuple[int, ...]
+    markdown: Callable[[dict[str, Any]], str]
+    report_head: dict[str, Any]
+    """Keys the report starts with (command, commit, machine, ...), in order."""
+    settings_overrides: dict[str, Any] = field(default_factory=dict)
+    """TunerSettings fields the engine needs beyond the defaults (recorded in the report)."""
+    meter: Meter | None = None
+    after_phase: Callable[[dict[str, Any], list[tuple[str, float, float]], float], None] | None = (
+        None
+    )
+    """(report, phase windows (name, t0, t1), started) -> adds to the report after a phase."""
+    preflight: Callable[[dict[str, Any]], None] | None = None
+    """Checks at the start of a real run (not --dry-run) that add their findings to the report."""
+
+
+def expected_minutes(plan: Plan, ns: argparse.Namespace, start_s: float) -> float:
+    """A lower bound of the run's wall time: starts, warm-ups, calibration and the slots."""
+    servers = len(plan.statics) + 1
+    slot_s, calibrate_s = float(ns.slot_seconds), float(ns.calibrate_seconds)
+    slots = len(plan.phases) * ns.rounds * servers * slot_s
+    setup = servers * (start_s + WARM_UP[1]) + len(plan.calibration_concurrency) * calibrate_s
+    return float(setup + slots + 10.0) / 60.0
+
+
+def run(plan: Plan, ns: argparse.Namespace, log: Callable[[str], None], started: float) -> int:
+    """The bench: servers up, calibration, SpecPilot's loop, interleaved slots per phase."""
+    out = Path(ns.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    phases = plan.phases
+    report: dict[str, Any] = {
+        **plan.report_head,
+        "slot_seconds": ns.slot_seconds,
+        "rounds": ns.rounds,
+        "max_tokens": MAX_TOKENS,
+        "phases": [vars_phase(p) for p in phases],
+    }
+    if plan.preflight is not None:
+        plan.preflight(report)
+    engines: dict[str, TimedEngine] = {}
+    starts: dict[str, float] = {}
+    pilot: TimedEngine | None = None
+    try:
+        for i, (name, config) in enumerate(plan.statics):
+            engine = plan.make_engine(ns.port + i, Path(ns.log_dir) / name.replace(" ", "_"))
+            engines[name] = engine
+            log(f"{name}: starting {plan.engine_label} with {config.describe()}")
+            t0 = time.time()
+            engine.apply(config)
+            starts[name] = time.time() - t0
+            log(f"{name}: healthy after {starts[name]:.1f}s")
+            warm_up(engine.url)
+        source = (
+            f"measured on the plain {plan.engine_label} server in this run (c / tok/s at c = "
+            + ",".join(map(str, plan.calibration_concurrency))
+            + ")"
+        )
+        fit, calibration = calibrate(
+            engines["none"], ns.calibrate_seconds, plan.calibration_concurrency, source
+        )
+        report["step_time_fit"] = {
+            "fixed_s": fit.fixed_s,
+            "per_token_s": fit.per_token_s,
+            "per_kv_token_s": fit.per_kv_token_s,
+            "knee_tokens": fit.knee_tokens,
+            "source": fit.source,
+            "points_c_ms": calibration,
+        }
+        log(f"step-time fit: {report['step_time_fit']}")
+
+        priors: dict[str, AcceptanceCurve] = {"ngram": acceptance_curve("ngram", ns.task)}
+        restart_s = sum(starts.values()) / len(starts)
+        settings = TunerSettings(
+            candidates=plan.candidates,
+            min_dwell_s=ns.min_dwell,
+            restart_budget_per_hour=ns.restart_budget,
+            restart_downtime_s=restart_s,
+            **plan.settings_overrides,
+        )
+        pilot = plan.make_engine(ns.port + len(plan.statics), Path(ns.log_dir) / "specpilot")
+        loop = ControlLoop(
+            actuator=pilot,
+            settings=settings,
+            cost=StepCost.from_fit(fit, ns.gpu_for_drafts, ns.model_profile),
+            state=TunerState.initial(SpecConfig(), time.time(), priors),
+            window_s=ns.slot_seconds - 1.0,
+        )
+        log(
+            f"specpilot: starting {plan.engine_label} with speculation off "
+            "(the tuner decides from there)"
+        )
+        t0 = time.time()
+        loop.start()
+        starts["specpilot"] = time.time() - t0
+        log(f"specpilot: healthy after {starts['specpilot']:.1f}s")
+        warm_up(pilot.url)
+        report["idle_cores_all_servers"] = round(idle_cpu([*engines.values(), pilot], 10.0), 3)
+        log(f"idle servers burn {report['idle_cores_all_servers']} cores together")
+
+        names = [name for name, _ in plan.statics] + ["specpilot"]
+        tallies = {name: [Tally() for _ in phases] for name in names}
+        ticks: list[dict[str, Any]] = []
+        t_zero = time.time()
+        windows: list[tuple[str, float, float]] = []
+        for pi, phase in enumerate(phases):
+            phase_start = time.time()
+            for r in range(ns.rounds):
+                shift = (pi * ns.rounds + r) % len(names)  # rotate: no policy always goes first
+                for name in names[shift:] + names[:shift]:
+                    if name == "specpilot":
+                        before = pilot.config
+                        (counts, wall, down, record), deltas = metered(
+                            plan.meter, pilot, partial(pilot_slot, pilot, loop, phase, 1.0)
+                        )
+                        tallies[name][pi].add(counts, wall, down)
+                        if record is not None:
+                            ticks.append(tick_row(record, before, t_zero, phase.name))
+                            log(f"  tick {json.dumps(ticks[-1])}")
+                        if counts.get("loop_errors"):
+                            log("  loop error in this slot")
+                    else:
+                        engine = engines[name]
+                        (counts, wall), deltas = metered(
+                            plan.meter, engine, partial(slot, engine, phase, ns.slot_seconds)
+                        )
+                        tallies[name][pi].add(counts, wall, 0.0)
+                    if deltas is not None:
+                        tallies[name][pi].add_counters(deltas)
+            log(
+                f"{phase.name}: "
+                + ", ".join(
+                    f"{n} {tallies[n][pi].to_dict(phase)['tokens_per_s_serving']}" for n in names
+                )
+            )
+            statics = dict(plan.statics)
+            report["policies"] = [
+                {
+                    "policy": name,
+                    "kind": "specpilot" if name == "specpilot" else "static",
+                    "config": statics.get(name, SpecConfig()).describe()
+                    if name != "specpilot"
+                    else "tuned live (ControlLoop + LocalEngine)",
+                    "start_s": round(starts[name], 1),
+                    "phases": [
+                        t.to_dict(p) for t, p in zip(tallies[name], phases, strict=True) if t.slots
+                    ],
+                }
+                for name in names
+            ]
+            report["specpilot"] = {
+                "restarts": pilot.restarts - 1,
+                "restart_intervals_s": [
+                    [round(s - t_zero, 1), None if e is None else round(e - s, 1)]
+                    for s, e in pilot.downtime[1:]
+                ],
+                "settings": {
+                    "window_s": ns.slot_seconds - 1.0,
+                    "min_dwell_s": ns.min_dwell,
+                    "restart_budget_per_hour": ns.restart_budget,
+                    "restart_downtime_s": round(restart_s, 1),
+                    "expected_dwell_s": settings.expected_dwell_s,
+                    "hysteresis": settings.hysteresis,
+                    "acceptance_prior_task": ns.task,
+                    "candidates": [c.describe() for c in plan.candidates],
+                    "initial": "none",
+                    **plan.settings_overrides,
+                },
+                "ticks": ticks,
+            }
+            windows.append((phase.name, phase_start, time.time()))
+            report["phase_windows_utc"] = [[n, t0, t1] for n, t0, t1 in windows]
+            if plan.after_phase is not None:
+                plan.after_phase(report, windows, started)
+            report["summary"] = summarize(report["policies"], phases)
+            report["overall_tok_s"] = overall_tok_s(report["policies"])
+            report["wall_min"] = (time.time() - started) / 60
+            write(report, out, plan.markdown)
+    finally:
+        for engine in [*engines.values(), *([pilot] if pilot else [])]:
+            engine.stop()
+    log(f"done: {out}.json / .md")
+    return 0
+
+
+def main_for(
+    plan_for: Callable[[argparse.Namespace, list[str]], Plan],
+    parser: argparse.ArgumentParser,
+    profile: int,
+    argv: Sequence[str] | None,
+    script: str,
+    dry_run_start_s: float,
+) -> int:
+    """Parse, check, build the plan; print it (--dry-run) or run it. `script` stands for the
+    program in the recorded command when `argv` is given (a test); else sys.argv is recorded."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    ns = parser.parse_args(args)
+    check_arguments(parser, ns, profile)
+    started = time.time()
+
+    def log(message: str) -> None:
+        print(f"[{time.time() - started:7.1f}s] {message}", flush=True)
+
+    plan = plan_for(ns, [sys.argv[0] if argv is None else script, *args])
+    if ns.dry_run:
+        print(json.dumps(dry_run(plan, ns, dry_run_start_s), indent=2))
+        return 0
+    return run(plan, ns, log, started)
+
+
+def dry_run(plan: Plan, ns: argparse.Namespace, start_s: float) -> dict[str, Any]:
+    """The plan as data: each server's command line and environment additions, the phases,
+    the tuner's settings overrides and a lower bound of the wall time. Starts nothing."""
+    servers = []
+    for i, (name, config) in enumerate([*plan.statics, ("specpilot", SpecConfig())]):
+        engine = plan.make_engine(ns.port + i, Path(ns.log_dir) / name.replace(" ", "_"))
+        servers.append({"policy": name, **describe_launch(engine, config)})
+    return {
+        **plan.report_head,
+        "servers": servers,
+        "candidates": [c.describe() for c in plan.candidates],
+        "tuner_settings_overrides": plan.settings_overrides,
+        "phases": [vars_phase(p) for p in plan.phases],
+        "calibration_concurrency": list(plan.calibration_concurrency),
+        "slot_seconds": ns.slot_seconds,
+        "rounds": ns.rounds,
+        "expected_minutes_at_least": round(expected_minutes(plan, ns, start_s), 1),
+    }
+
+
+def describe_launch(engine: TimedEngine, config: SpecConfig) -> dict[str, Any]:
+    """What `engine.apply(config)` would run; engines whose flags depend on the config
+    (`prepare`) are asked first."""
+    prepare = getattr(engine, "prepare", None)
+    if callable(prepare):
+        prepare(config)
+    args = get_adapter(engine.engine).render(config, engine.launch)
+    added = {k: v for k, v in engine.env.items() if os.environ.get(k) != v}
+    return {"command": [*engine.program, *args], "env": dict(sorted(added.items()))}
+
+
+# --------------------------------------------------------------------------- Markdown pieces
+
+
+def summary_table(report: dict[str, Any]) -> list[str]:
+    """Per phase: every policy's tokens/s, best and worst static, SpecPilot's ratios."""
+    policies = [p["policy"] for p in report["policies"]]
+    lines = [
+        "| phase | "
+        + " | ".join(policies)
+        + " | best static | worst static | SpecPilot wall / best | SpecPilot serving / best "
+        "| SpecPilot restart s |",
+        "|---" * (len(policies) + 6) + "|",
+    ]
+    for row in report["summary"]:
+        cells = [f"{row['tokens_per_s'].get(p, float('nan')):.1f}" for p in policies]
+        if "specpilot_wall" in row:
+            cells[policies.index("specpilot")] = (
+                f"{row['specpilot_wall']:.1f} wall / {row['specpilot_serving']:.1f} serving"
+            )
+        lines.append(
+            f"| {row['phase']} | "
+            + " | ".join(cells)
+            + f" | {row.get('best_static', '-')} | {row.get('worst_static', '-')} "
+            f"| {row.get('ratio_wall', '-')} | {row.get('ratio_serving', '-')} "
+            f"| {row.get('specpilot_downtime_s', '-')} |"
+        )
+    return lines
+
+
+def tail_lines(report: dict[str, Any]) -> list[str]:
+    """Starts, the step-time fit, SpecPilot's restarts, settings and ticks, and the notes."""
+    lines = [
+        "",
+        "Starts (s to healthy): "
+        + ", ".join(f"{p['policy']} {p['start_s']}" for p in report["policies"]),
+    ]
+    if report.get("step_time_fit"):
+        f = report["step_time_fit"]
+        lines += [
+            "",
+            f"Tuner's step-time fit ({f['source']}): fixed {f['fixed_s'] * 1e3:.2f} ms + "
+            f"{f['per_token_s'] * 1e3:.3f} ms/token (knee {f['knee_tokens']:.1f} tokens/step); "
+            f"measured points (c, ms/step): {f['points_c_ms']}.",
+        ]
+    pilot = report.get("specpilot")
+    if pilot is not None:
+        lines += [
+            "",
+            f"SpecPilot: {pilot['restarts']} restarts (offset s, duration s): "
+            f"{pilot['restart_intervals_s']}; settings `{json.dumps(pilot['settings'])}`.",
+            "",
+            "## SpecPilot's ticks",
+            "",
+            "| t s | phase | running | action -> config | applied | batch | acc. len | tok/s "
+            "| predicted tok/s | reason |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for t in pilot["ticks"]:
+            lines.append(
+                f"| {t['t']} | {t['phase']} | {t['running_config']} | {t['action']} -> "
+                f"{t['config']} | {t['applied']} | {t['batch']} | {t['acceptance_length']} | "
+                f"{t['tokens_per_s']} | {t['predicted_tokens_per_s']} | {t['reason']} |"
+            )
+    if report.get("notes"):
+        lines += ["", "## Notes", "", *report["notes"]]
+    return lines
+
+
+def provenance_lines(report: dict[str, Any]) -> list[str]:
+    """Command, commit (when recorded) and overall tokens/s per policy (when recorded)."""
+    lines = [f"Command: `{report['command']}`  "]
+    if "commit" in report:
+        lines.append(f"Commit: `{report['commit']}`  ")
+    return lines
+
+
+def overall_line(report: dict[str, Any]) -> list[str]:
+    overall = report.get("overall_tok_s")
+    if not overall:
+        return []
+    return [
+        "",
+        "Overall tokens/s over all phases (tokens over slot wall time, SpecPilot's restarts "
+        "included): " + ", ".join(f"{k} {v}" for k, v in overall.items()) + ".",
+    ]
+
+
+def main() -> int:
+    """Not a bench by itself: says which scripts run it (every bench/*.py has a main)."""
+    print(
+        "bench/real_engine.py is the shared harness; run bench/real_vllm.py or bench/real_sglang.py"
+    )
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
