@@ -3,7 +3,10 @@
 Contract: `ControlLoop.tick(now)` observes one window through the actuator, asks the tuner
 for a decision, applies a switch through the actuator and records what happened; a switch the
 engine cannot start is rolled back to the previous config and that config is not tried again
-for `failed_backoff_s`. The loop owns no clock: `now` comes from the caller.
+for `failed_backoff_s`. Only an `Exception` from `apply` counts as a refusal: a
+BaseException (the operator stopping mid-rollout) passes through untouched, the switch left in
+flight and nothing rolled back or backed off. The loop owns no clock: `now` comes from the
+caller.
 
 With `goodput_tolerance` set, a switch is also checked on the first window after it: when the
 measured per-sequence speed (tokens/s over running requests) falls short of the prediction (the

@@ -22,6 +22,10 @@ Contract (operator/loop.py `Actuator`, plus what rollouts need):
 - `observe(window_s)` reads the Ready main pods' engine metrics over the window through a
   `PodWindowSource` (direct scrape of pod IP:port/metrics, or PromQL) and returns one
   Observation (runtime/metrics.observe); `last_canary` keeps the last per-pod comparison.
+Every API call is retried on a transient failure (a 5xx, 429 or timeout: operator/kube/retry.py),
+so one API hiccup while a rollout is followed is waited out; only a failure that outlasts the
+retries, or the rollout itself failing, raises out of `apply` (and the loop rolls back). A
+create whose first answer was lost and whose retry finds the object there (409) goes on with it.
 Clock and sleep are injected (`clock`, `sleep`), so tests drive rollouts without real time.
 """
 
@@ -31,7 +35,7 @@ import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from specpilot.operator.api.names import CONFIG_ANNOTATION
 from specpilot.operator.api.spec import SpecDeploymentSpec
@@ -40,7 +44,9 @@ from specpilot.operator.kube.children import (
     desired_config_map,
     desired_deployment,
 )
+from specpilot.operator.kube.client import KubeConflict
 from specpilot.operator.kube.pod_metrics import PodTarget, PodWindowSource, pod_target
+from specpilot.operator.kube.retry import with_retries
 from specpilot.operator.kube.rollout import rollout_status
 from specpilot.runtime.engine_metrics import observe, observe_per_pod
 from specpilot.tuner import Observation, SpecConfig
@@ -58,6 +64,7 @@ class RolloutError(RuntimeError):
 
 
 Obj = dict[str, Any]
+T = TypeVar("T")
 
 
 class DeploymentApi(Protocol):
@@ -124,7 +131,7 @@ class KubeActuator:
 
     def apply(self, config: SpecConfig) -> None:
         main = self.render(config, "main")
-        live = self.api.read_deployment(self.namespace, self.name)
+        live = self._call(lambda: self.api.read_deployment(self.namespace, self.name))
         if self.config is None and live is not None:
             self.config = _live_config(live)  # what ran before this actuator changed anything
         changes = live is None or not _same_template(live, main)
@@ -135,7 +142,8 @@ class KubeActuator:
                 self._try_canary(config)
             self._roll(self.name, "main", main, live, config)
         finally:
-            self.api.delete_deployment(self.namespace, self.canary_name)  # promoted or failed
+            # promoted or failed
+            self._call(lambda: self.api.delete_deployment(self.namespace, self.canary_name))
         self.config = config
 
     def observe(self, window_s: float) -> Observation:
@@ -146,7 +154,7 @@ class KubeActuator:
     def _running(self) -> SpecConfig:
         if self.config is not None:
             return self.config
-        live = self.api.read_deployment(self.namespace, self.name)
+        live = self._call(lambda: self.api.read_deployment(self.namespace, self.name))
         # Only the selector is needed from the render; any config gives the same labels.
         return (_live_config(live) if live else None) or SpecConfig()
 
@@ -160,12 +168,15 @@ class KubeActuator:
     ) -> None:
         sidecar = self.render_sidecar(config, role) if self.render_sidecar else None
         if sidecar is not None:  # before the template that mounts it
-            self.api.ensure_config_map(self.namespace, sidecar)
+            self._call(lambda: self.api.ensure_config_map(self.namespace, sidecar))
         if live is None:
-            self.api.create_deployment(self.namespace, desired)
-            self.rollouts += 1
-        elif not _same_template(live, desired):
-            self.api.replace_template(self.namespace, name, _template(desired))
+            try:
+                self._call(lambda: self.api.create_deployment(self.namespace, desired))
+                self.rollouts += 1
+            except KubeConflict:  # a retried create whose first try got through, or reconcile
+                live = self._call(lambda: self.api.read_deployment(self.namespace, name))
+        if live is not None and not _same_template(live, desired):
+            self._call(lambda: self.api.replace_template(self.namespace, name, _template(desired)))
             self.rollouts += 1
             self._notify("RolloutStarted", f"{name}: rolling out {config.describe()}")
         self._follow(name, desired, config)
@@ -175,10 +186,10 @@ class KubeActuator:
         selector = self._selector(desired)
         deadline = self.clock() + self.rollout_timeout_s
         while True:
-            deployment = self.api.read_deployment(self.namespace, name)
+            deployment = self._call(lambda: self.api.read_deployment(self.namespace, name))
             if deployment is None:
                 raise RolloutError(f"Deployment {self.namespace}/{name} disappeared mid-rollout")
-            pods = self.api.list_pods(self.namespace, selector)
+            pods = self._call(lambda: self.api.list_pods(self.namespace, selector))
             status = rollout_status(deployment, pods, config_json)
             if status.done:
                 return
@@ -195,7 +206,7 @@ class KubeActuator:
 
     def _try_canary(self, config: SpecConfig) -> None:
         desired = self.render(config, "canary")
-        live = self.api.read_deployment(self.namespace, self.canary_name)
+        live = self._call(lambda: self.api.read_deployment(self.namespace, self.canary_name))
         self._roll(self.canary_name, "canary", desired, live, config)  # apply() deletes it after
         result = self._compare(config, desired)
         self.last_canary = result
@@ -229,8 +240,11 @@ class KubeActuator:
         return CanaryResult(config, canary_speed, main_speed, promoted, reason)
 
     def _targets(self, selector: Mapping[str, str]) -> list[PodTarget]:
-        found = (pod_target(pod) for pod in self.api.list_pods(self.namespace, selector))
-        return [t for t in found if t is not None]
+        pods = self._call(lambda: self.api.list_pods(self.namespace, selector))
+        return [t for t in map(pod_target, pods) if t is not None]
+
+    def _call(self, call: Callable[[], T]) -> T:
+        return with_retries(call, sleep=self.sleep)
 
     @staticmethod
     def _selector(deployment: Mapping[str, Any]) -> dict[str, str]:

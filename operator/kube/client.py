@@ -13,8 +13,9 @@ an autoscaler, is never written.
 
 It is the official `kubernetes` client's ApiClient used for transport and authentication only
 (raw JSON, no model classes). A missing object reads as None and deleting one is not an error;
-a write that lost a race (409, 422 from a JSON-patch `test`) is `KubeConflict`; every other
-failure is `KubeApiError` naming the call and the server's message.
+a write that lost a race (409, 422 from a JSON-patch `test`) is `KubeConflict`; a transient one
+(429, 5xx, a timeout or a broken connection) is `KubeTransient`; every other failure is
+`KubeApiError`; each names the call and the server's message.
 """
 
 from __future__ import annotations
@@ -53,6 +54,14 @@ class KubeApiError(RuntimeError):
 
 class KubeConflict(KubeApiError):
     """The object changed under us (409 Conflict, or a JSON-patch test failed: 422)."""
+
+
+class KubeTransient(KubeApiError):
+    """A failure that says nothing about the request: 429, a 5xx, a timeout, a connection
+    refused or reset. The same call may well succeed a moment later (operator/kube/retry.py)."""
+
+
+TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
 
 
 def plural_of(obj: Mapping[str, Any]) -> str:
@@ -221,11 +230,13 @@ class KubeRest:
             response = self._client.call_api(*request, _request_timeout=self._timeout)
             data = response.read()  # type: ignore[no-untyped-call]
         except (OSError, urllib3.exceptions.HTTPError) as exc:
-            raise KubeApiError(f"{what}: {exc}") from exc
+            raise KubeTransient(f"{what}: {exc}") from exc
         if response.status == 404 and missing_ok:
             return None
         if response.status == 409 or (response.status == 422 and method == "PATCH"):
             raise KubeConflict(f"{what}: HTTP {response.status}: {_message(data)}")
+        if response.status in TRANSIENT_STATUSES:
+            raise KubeTransient(f"{what}: HTTP {response.status}: {_message(data)}")
         if not 200 <= response.status < 300:
             raise KubeApiError(f"{what}: HTTP {response.status}: {_message(data)}")
         if not data:

@@ -28,6 +28,7 @@ from specpilot.operator.api.spec import SpecError
 from specpilot.operator.kube import exported_metrics, tuning_daemon
 from specpilot.operator.kube.client import KubeApiError, KubeConflict, KubeRest
 from specpilot.operator.kube.reconcile import reconcile
+from specpilot.operator.kube.tuning_daemon import Stopping
 
 BEAT_S = 5.0
 """The daemon's beat; equal to the smallest allowed spec.tuning.intervalSeconds."""
@@ -88,10 +89,6 @@ def _reconcile(body: kopf.Body, memo: kopf.Memo) -> None:
 @kopf.on.update(GROUP, VERSION, PLURAL)
 def reconcile_spec(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     _reconcile(body, memo)
-
-
-class Stopping(Exception):
-    """kopf asked the daemon to stop (operator exit, peering pause, object deletion)."""
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, initial_delay=BEAT_S, cancellation_timeout=BEAT_S)

@@ -37,6 +37,7 @@ from specpilot.operator.kube.actuator import for_spec
 from specpilot.operator.kube.client import KubeRest
 from specpilot.operator.kube.persisted_state import dump_state, load_state
 from specpilot.operator.kube.pod_metrics import PodWindowSource, PrometheusSource, ScrapeSource
+from specpilot.operator.kube.retry import with_retries
 from specpilot.operator.kube.status import EVENT_REASONS, post_event, tick_status, write_status
 from specpilot.operator.loop import Actuator, ControlLoop, TickRecord
 from specpilot.runtime.promql import PromQLReader
@@ -62,6 +63,15 @@ ENGINE_START_S = 60.0
 default."""
 DEFAULT_PROFILE = "llama-3.1-8b"
 """The prior's model profile when the spec names none (learning corrects the scale)."""
+
+
+class Stopping(BaseException):
+    """kopf asked the daemon to stop (operator exit, peering pause, object deletion); raised by
+    the `sleep` a tick waits through. A BaseException, as KeyboardInterrupt is, so that no
+    `except Exception` on its way out (above all the loop's, which rolls a failed switch back
+    and backs the config off) reads a stop as a failed rollout: the rollout in flight is left
+    as it is, and status already names the config it rolls out to (`_Announcing`)."""
+
 
 _locks: dict[tuple[str, str], threading.Lock] = {}
 _locks_guard = threading.Lock()
@@ -191,8 +201,10 @@ def tune(
         rolling_back = config == state.current or (loop is not None and loop.rolling_back)
         phase = "RollingBack" if rolling_back else "Switching"
         intended = replace(state, current=config)
-        write_status(rest, fresh, {**status, "phase": phase, "currentConfig": config_to_status(
-            config), "tunerState": dump_state(intended, failed)})  # fmt: skip
+        announced = {**status, "phase": phase, "currentConfig": config_to_status(config),
+                     "tunerState": dump_state(intended, failed)}  # fmt: skip
+        # a 503 here must not read as the engine refusing the config (the loop would back it off)
+        with_retries(lambda: write_status(rest, fresh, announced), sleep=sleep)
 
     loop: ControlLoop | None = None
     if spec.tuning.mode == "auto":

@@ -1,0 +1,139 @@
+"""Helpers for driving `tune()` against the mock API server: SpecDeployments, status reads,
+a scripted window, and a Deployment controller played in the actuator's `sleep`. TEST HELPERS.
+
+The mock API server has no controllers (tests/kube/realism.py), so nothing ever rolls a
+Deployment out; `Controller.sleep` writes the status a Deployment controller would (every
+replica updated and available at the current generation) each time the actuator waits, so a
+real `KubeActuator` follows a real rollout over HTTP without a clock of its own.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+from kube.apiserver import ApiServer
+
+from specpilot.operator.api.spec import SpecDeploymentSpec
+from specpilot.operator.kube.actuator import KubeActuator, for_spec
+from specpilot.operator.kube.client import KubeRest
+from specpilot.operator.kube.pod_metrics import ScrapeSource
+from specpilot.operator.kube.tuning_daemon import forget
+from specpilot.tuner import Observation, SpecConfig
+
+SPD_PATH = "/apis/specpilot.io/v1alpha1/namespaces/default/specdeployments"
+DEPLOYMENTS = "/apis/apps/v1/namespaces/default/deployments"
+MERGE = {"Content-Type": "application/merge-patch+json"}
+
+
+def later() -> float:
+    """A tick's time: after the state's start (real time at reconcile), past no dwell."""
+    return time.time() + 60.0
+
+
+def busy(batch: float = 256.0, tokens_per_s: float = 9000.0) -> Observation:
+    """A compute-bound window: n-gram speculation costs more than it gives here."""
+    return Observation(
+        engine="vllm", window_s=4.0, pods=("p-0",), acceptance_length=1.2, acceptance_rate=0.07,
+        acceptance_per_position=None, running_requests=batch, waiting_requests=40.0,
+        kv_cache_usage=0.9, generation_tokens_per_s=tokens_per_s, tpot_p50_s=0.03,
+        tpot_p95_s=0.05, ttft_p95_s=0.4,
+    )  # fmt: skip
+
+
+def create(api: ApiServer, name: str, mode: str = "auto", **tuning: Any) -> dict[str, Any]:
+    body = {
+        "apiVersion": "specpilot.io/v1alpha1",
+        "kind": "SpecDeployment",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "engine": "vllm",
+            "model": "m",
+            "speculative": {
+                "candidates": [{"method": "ngram", "maxK": 4}],
+                "initial": {"method": "ngram", "k": 4},
+            },
+            "tuning": {"mode": mode, "intervalSeconds": 5, "minDwellSeconds": 0, **tuning},
+        },
+    }
+    created = httpx.post(api.url + SPD_PATH, json=body)
+    assert created.status_code == 201, created.text
+    forget("default", name)
+    result: dict[str, Any] = created.json()
+    return result
+
+
+def spd(api: ApiServer, name: str) -> dict[str, Any]:
+    found: dict[str, Any] = api.get("specpilot.io", "specdeployments", "default", name)
+    return found
+
+
+def events(api: ApiServer, name: str) -> dict[str, dict[str, Any]]:
+    return {
+        e["reason"]: e
+        for e in api.list("", "events", "default")
+        if e["involvedObject"]["name"] == name
+    }
+
+
+def running_config(api: ApiServer, name: str) -> SpecConfig:
+    template = api.get("apps", "deployments", "default", name)["spec"]["template"]
+    return SpecConfig.from_json(template["metadata"]["annotations"]["specpilot.io/config"])
+
+
+class Controller:
+    """Plays the Deployment controller whenever the actuator sleeps; `on_sleep` runs first
+    (a test injects its fault there, once the rollout is under way)."""
+
+    def __init__(self, api: ApiServer, name: str) -> None:
+        self.api, self.name = api, name
+        self.sleeps: list[float] = []
+        self.on_sleep: Callable[[int], None] = lambda _: None
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.on_sleep(len(self.sleeps))
+        live = self.api.get("apps", "deployments", "default", self.name)
+        replicas = int(live["spec"].get("replicas", 1))
+        status = {
+            "observedGeneration": live["metadata"]["generation"], "replicas": replicas,
+            "updatedReplicas": replicas, "availableReplicas": replicas, "readyReplicas": replicas,
+        }  # fmt: skip
+        done = httpx.patch(
+            f"{self.api.url}{DEPLOYMENTS}/{self.name}/status",
+            json={"status": status},
+            headers=MERGE,
+        )
+        assert done.status_code == 200, done.text
+
+
+class RealRollouts:
+    """A real `KubeActuator` over HTTP for `apply`; `observe` returns a scripted window (the
+    mock has no engine pods to scrape)."""
+
+    def __init__(self, inner: KubeActuator, observation: Observation) -> None:
+        self.inner, self.observation = inner, observation
+
+    def apply(self, config: SpecConfig) -> None:
+        self.inner.apply(config)
+
+    def observe(self, window_s: float) -> Observation:
+        return self.observation
+
+
+def real_rollouts(
+    observation: Observation, sleep: Callable[[float], None]
+) -> Callable[..., RealRollouts]:
+    """A `make_actuator` for `tune()`: the operator's own actuator, waiting through `sleep`."""
+
+    def make(rest: KubeRest, body: Any, spec: SpecDeploymentSpec, _: Any) -> RealRollouts:
+        meta = body["metadata"]
+        inner = for_spec(
+            api=rest, name=meta["name"], namespace=meta["namespace"], spec=spec,
+            metrics=ScrapeSource(sleep=sleep), sleep=sleep, owner=body,
+        )  # fmt: skip
+        return RealRollouts(inner, observation)
+
+    return make
