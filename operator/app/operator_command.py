@@ -8,6 +8,9 @@ active one's keep-alive stops (kopf peering; the peering object is created when 
 (`--liveness URL`, or /healthz on `--liveness-port`, 0 for none; it answers once the
 operator runs).
 The operator's own Prometheus metrics are on `--metrics-port` (0 disables).
+A SpecDeployment's `prometheusUrl` is fetched only under a prefix given with
+`--prometheus-url-allow` (repeatable) or SPECPILOT_PROMETHEUS_URL_ALLOW (comma-separated; the
+Helm chart sets it); with neither, none is (operator/kube/url_policy.py).
 """
 
 from __future__ import annotations
@@ -44,6 +47,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     parser.add_argument(
         "--metrics-port", type=int, default=9090, help="operator metrics port (0: none)"
     )
+    parser.add_argument(
+        "--prometheus-url-allow",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a URL prefix SpecDeployments may name as prometheusUrl (repeatable; adds to "
+        "$SPECPILOT_PROMETHEUS_URL_ALLOW, comma-separated); default: none",
+    )
     parser.add_argument("--kubeconfig", help="default: in-cluster, else $KUBECONFIG")
     parser.add_argument("--verbose", action="store_true")
     parser.set_defaults(run=run)
@@ -53,6 +64,9 @@ def run(ns: argparse.Namespace) -> int:
     import kopf
 
     from specpilot.operator.kube import handlers  # noqa: F401 - registers the handlers
+    from specpilot.operator.kube.url_policy import UrlAllowList
+
+    url_policy = UrlAllowList.configured(ns.prometheus_url_allow)  # a bad prefix fails here
 
     if ns.kubeconfig:  # kopf's own login reads the environment, like the kubernetes client
         os.environ["KUBECONFIG"] = ns.kubeconfig
@@ -64,6 +78,7 @@ def run(ns: argparse.Namespace) -> int:
     memo = kopf.Memo(
         metrics_port=ns.metrics_port,
         kubeconfig=ns.kubeconfig,
+        url_policy=url_policy,
         namespace=namespaces[0] if len(namespaces) == 1 else None,
     )
     with contextlib.suppress(KeyboardInterrupt, asyncio.CancelledError):

@@ -29,6 +29,7 @@ from specpilot.operator.kube import exported_metrics, tuning_daemon
 from specpilot.operator.kube.client import KubeApiError, KubeConflict, KubeRest
 from specpilot.operator.kube.reconcile import reconcile
 from specpilot.operator.kube.tuning_daemon import Stopping
+from specpilot.operator.kube.url_policy import UrlAllowList
 
 BEAT_S = 5.0
 """The daemon's beat; equal to the smallest allowed spec.tuning.intervalSeconds."""
@@ -37,6 +38,13 @@ BEAT_S = 5.0
 def _rest(memo: Any) -> KubeRest:
     rest: KubeRest = memo.rest
     return rest
+
+
+def _url_policy(memo: Any) -> UrlAllowList:
+    """The allow-list `specpilot operator` put in the memo (flags and environment), else the
+    environment's alone (kopf run another way)."""
+    policy = getattr(memo, "url_policy", None)
+    return policy if isinstance(policy, UrlAllowList) else UrlAllowList.configured()
 
 
 @kopf.on.startup()
@@ -105,7 +113,9 @@ def tune_forever(
         try:
             _reconcile(body, memo)
             with tuning_daemon.object_lock(meta["namespace"], meta["name"]):
-                outcome = tuning_daemon.tune(_rest(memo), body, sleep=sleep)
+                outcome = tuning_daemon.tune(
+                    _rest(memo), body, sleep=sleep, url_policy=_url_policy(memo)
+                )
             if outcome is not None:
                 logger.info(f"tuning: {outcome.action}: {outcome.reason}")
         except Stopping:

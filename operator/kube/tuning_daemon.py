@@ -14,6 +14,10 @@ invalid, or when tuning is off: the config is pinned). A tick
   and an Event, the running config and its restart history stay;
 - writes status.lastDecision, observed, regime, currentConfig, tunerState and the
   MetricsAvailable condition, posts one Event per decision and records operator metrics.
+A `prometheusUrl` outside `url_policy` (the installer's allow-list, operator/kube/url_policy.py)
+is never fetched, and a Prometheus that cannot be queried ends the tick without a decision; both
+set MetricsAvailable False with the reason and post one Warning Event per outage
+(operator/kube/metrics_condition.py), and the next tick tries again.
 The actuator is built by `make_actuator` (injectable for tests); every wait inside a tick
 (the observation window, rollout polling) goes through `sleep`, which the operator makes
 raise when it stops, so a tick never holds a shutdown or a peering hand-over. The loops
@@ -35,12 +39,15 @@ from specpilot.operator.api.spec import SpecDeploymentSpec, SpecError, config_to
 from specpilot.operator.kube import exported_metrics
 from specpilot.operator.kube.actuator import for_spec
 from specpilot.operator.kube.client import KubeRest
+from specpilot.operator.kube.metrics_condition import NOT_ALLOWED, UNAVAILABLE, report_unavailable
 from specpilot.operator.kube.persisted_state import dump_state, load_state
 from specpilot.operator.kube.pod_metrics import PodWindowSource, PrometheusSource, ScrapeSource
 from specpilot.operator.kube.retry import with_retries
 from specpilot.operator.kube.status import EVENT_REASONS, post_event, tick_status, write_status
+from specpilot.operator.kube.url_policy import FIELD as URL_FIELD
+from specpilot.operator.kube.url_policy import UrlAllowList
 from specpilot.operator.loop import Actuator, ControlLoop, TickRecord
-from specpilot.runtime.promql import PromQLReader
+from specpilot.runtime.promql import PromQLError, PromQLReader
 from specpilot.tuner import (
     Decision,
     Observation,
@@ -177,7 +184,9 @@ def tune(
     now: float | None = None,
     make_actuator: ActuatorFactory = kube_actuator,
     sleep: Sleep = time.sleep,
+    url_policy: UrlAllowList | None = None,
 ) -> TickOutcome | None:
+    """`url_policy` defaults to the environment's allow-list (url_policy.ALLOW_ENV)."""
     now = time.time() if now is None else now
     meta = body["metadata"]
     name, namespace = meta["name"], meta["namespace"]
@@ -192,6 +201,30 @@ def tune(
     if spec.tuning.mode == "off" or now - _last_tick.get(key, 0.0) < spec.tuning.interval_s:
         return None
     _last_tick[key] = now
+    url = spec.tuning.prometheus_url if spec.tuning.metrics_source == "prometheus" else None
+    policy = UrlAllowList.configured() if url_policy is None else url_policy
+    if url is not None and not policy.allows(url):
+        report_unavailable(rest, fresh, NOT_ALLOWED, policy.refusal(url))
+        return None
+    try:
+        return _tick(rest, fresh, spec, now, make_actuator, sleep)
+    except PromQLError as exc:
+        why = f"{URL_FIELD} {url!r} cannot be queried; the tuner waits for it: {exc}"
+        report_unavailable(rest, fresh, UNAVAILABLE, why)
+        return None
+
+
+def _tick(
+    rest: KubeRest,
+    fresh: Obj,
+    spec: SpecDeploymentSpec,
+    now: float,
+    make_actuator: ActuatorFactory,
+    sleep: Sleep,
+) -> TickOutcome:
+    meta = fresh["metadata"]
+    name, namespace = meta["name"], meta["namespace"]
+    key = (namespace, name)
     status: Obj = dict(fresh.get("status") or {})
     state, failed = load_state(status, spec, now)
     window = max(1.0, spec.tuning.interval_s * WINDOW_FRACTION)

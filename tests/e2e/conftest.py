@@ -177,7 +177,11 @@ class Operator:
                 command,
                 stdout=handle,
                 stderr=subprocess.STDOUT,
-                env=apiserver.operator_env(),
+                # the Prometheus the tests start listens on this host
+                env={
+                    **apiserver.operator_env(),
+                    "SPECPILOT_PROMETHEUS_URL_ALLOW": "http://127.0.0.1",
+                },
                 start_new_session=True,
             )
 

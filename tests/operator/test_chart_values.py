@@ -77,6 +77,8 @@ def test_rendered_objects_are_valid_for_oldest_and_newest_kubernetes(
         ("operator.namespaces={Bad_Name}", "/operator/namespaces/0"),
         ("metrics.port=70000", "/metrics/port"),
         ("prometheus.url=ftp://prometheus", "/prometheus/url"),
+        ("prometheus.url=http://user@prometheus", "/prometheus/url"),
+        ("prometheus.allowedUrls={http://prom:9090@evil.example}", "/prometheus/allowedUrls/0"),
         ("monitoring.serviceMonitor.interval=often", "/monitoring/serviceMonitor/interval"),
         ("monitoring.rules.realisedGainFraction=2", "/monitoring/rules/realisedGainFraction"),
         ("podDisruptionBudget.maxUnavailable=half", "/podDisruptionBudget/maxUnavailable"),
