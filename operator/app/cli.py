@@ -29,6 +29,7 @@ from specpilot.operator.app.cli_conventions import (
     progress,
     write_json,
 )
+from specpilot.operator.app.cluster_check import ClusterUnreachable
 from specpilot.operator.app.demo import command as demo_command
 from specpilot.runtime.engine_metrics import observe, observe_per_pod
 from specpilot.runtime.engines import ADAPTERS, LaunchSettings, get_adapter
@@ -212,7 +213,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _guarded(run: Callable[[], int]) -> int:
     try:
         return run()
-    except (ConfigError, ScrapeError, PromQLError) as exc:
+    except (ConfigError, ScrapeError, PromQLError, ClusterUnreachable) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

@@ -11,6 +11,9 @@ The operator's own Prometheus metrics are on `--metrics-port` (0 disables).
 A SpecDeployment's `prometheusUrl` is fetched only under a prefix given with
 `--prometheus-url-allow` (repeatable) or SPECPILOT_PROMETHEUS_URL_ALLOW (comma-separated; the
 Helm chart sets it); with neither, none is (operator/kube/url_policy.py).
+Before kopf starts, an unreachable cluster or unloadable credentials (operator/app/
+cluster_check.py) or a bad SPECPILOT_MONITOR_LABELS is one `error:` line and exit status 2,
+not a login retried forever.
 """
 
 from __future__ import annotations
@@ -63,10 +66,16 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def run(ns: argparse.Namespace) -> int:
     import kopf
 
+    from specpilot.operator.app.cluster_check import check_cluster
     from specpilot.operator.kube import handlers  # noqa: F401 - registers the handlers
+    from specpilot.operator.kube.monitor_labels import configured_monitor_labels
     from specpilot.operator.kube.url_policy import UrlAllowList
 
     url_policy = UrlAllowList.configured(ns.prometheus_url_allow)  # a bad prefix fails here
+    # The installer's monitor labels and the cluster are checked before kopf starts: kopf
+    # retries an unreachable cluster forever, and bad labels would fail every reconcile.
+    configured_monitor_labels()
+    check_cluster(ns.kubeconfig)
 
     if ns.kubeconfig:  # kopf's own login reads the environment, like the kubernetes client
         os.environ["KUBECONFIG"] = ns.kubeconfig
