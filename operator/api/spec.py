@@ -32,6 +32,7 @@ from specpilot.operator.api.models import (
     Objective,
     TuningMode,
 )
+from specpilot.operator.api.pod import PodSettings
 from specpilot.operator.api.status import ConfigStatus
 from specpilot.runtime.engines import ADAPTERS, EngineName, LaunchSettings
 from specpilot.tuner import ConfigError, SpecConfig
@@ -80,6 +81,8 @@ class GpuSpec:
     memory: str | None = None
     node_selector: tuple[tuple[str, str], ...] = ()
     """Sorted (label, value) pairs."""
+    extra: tuple[tuple[str, str], ...] = ()
+    """Further resources (CRD spec.resources.extra), sorted (name, quantity) pairs."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -129,6 +132,9 @@ class SpecDeploymentSpec:
     """Every configuration the tuner may choose, each checked against the engine."""
     initial: SpecConfig = field(default_factory=SpecConfig)
     tuning: TuningSpec = field(default_factory=TuningSpec)
+    pod: PodSettings = field(default_factory=PodSettings)
+    """Engine pod settings (CRD spec.pod), validated and frozen; operator/kube/engine_pod.py
+    applies them to the pod template."""
 
     def launch_settings(self) -> LaunchSettings:
         """The non-speculative part of the engine command line."""
@@ -160,6 +166,7 @@ def decode_spec(spec: Mapping[str, Any]) -> SpecDeploymentSpec:
         candidates=candidates,
         initial=initial,
         tuning=_tuning(model.tuning),
+        pod=model.pod,
     )
     try:
         ADAPTERS[decoded.engine].render(initial, decoded.launch_settings())
@@ -176,6 +183,7 @@ def _gpu(resources: api.Resources) -> GpuSpec:
         cpu=resources.cpu,
         memory=resources.memory,
         node_selector=tuple(sorted(resources.node_selector.items())),
+        extra=tuple(sorted(resources.extra.items())),
     )
 
 

@@ -24,6 +24,7 @@ import hashlib
 import json
 import math
 import posixpath
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from specpilot.operator.api.names import (
@@ -35,9 +36,14 @@ from specpilot.operator.api.names import (
     MANAGED_BY_LABEL,
     NAME_LABEL,
     ROLE_LABEL,
+    SHM_PATH,
+    SHM_VOLUME,
     SIDECAR_LABEL,
+    SIDECAR_VOLUME,
 )
 from specpilot.operator.api.spec import SpecDeploymentSpec
+from specpilot.operator.kube.engine_pod import apply_pod_settings, extra_resources
+from specpilot.operator.kube.monitor_labels import configured_monitor_labels
 from specpilot.runtime.engines import get_adapter
 from specpilot.tuner import SpecConfig
 
@@ -155,7 +161,7 @@ def _resources(spec: SpecDeploymentSpec) -> dict[str, Any]:
         out["requests"] = requests
     if limits:
         out["limits"] = limits
-    return out
+    return extra_resources(out, dict(spec.gpu.extra))
 
 
 def _env(spec: SpecDeploymentSpec) -> list[dict[str, Any]]:
@@ -208,14 +214,12 @@ def _pod_spec(
     container["readinessProbe"] = _probe(5, 3)
     container["livenessProbe"] = _probe(10, 6)
     # Engines share tensors between processes through /dev/shm; the container default is 64 MiB.
-    mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
-    volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
+    mounts: list[dict[str, Any]] = [{"name": SHM_VOLUME, "mountPath": SHM_PATH}]
+    volumes: list[dict[str, Any]] = [{"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}}]
     if config_map is not None:
-        mounts.append(
-            {"name": "specpilot-sidecar", "mountPath": launch.sidecar_dir, "readOnly": True}
-        )
+        mounts.append({"name": SIDECAR_VOLUME, "mountPath": launch.sidecar_dir, "readOnly": True})
         volumes.append(
-            {"name": "specpilot-sidecar", "configMap": {"name": config_map["metadata"]["name"]}}
+            {"name": SIDECAR_VOLUME, "configMap": {"name": config_map["metadata"]["name"]}}
         )
     container["volumeMounts"] = mounts
     pod: dict[str, Any] = {"containers": [container], "volumes": volumes}
@@ -256,10 +260,10 @@ def desired_deployment(
     # ProgressDeadlineExceeded) at the same deadline the actuator rolls back on.
     body["progressDeadlineSeconds"] = spec.tuning.rollout_timeout_s
     body["revisionHistoryLimit"] = 5
-    body["template"] = {
-        "metadata": {"labels": labels, "annotations": annotations},
-        "spec": _pod_spec(spec, config, config_map),
-    }
+    pod = _pod_spec(spec, config, config_map)
+    template = {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod}
+    apply_pod_settings(spec.pod, template, pod, pod["containers"][0])
+    body["template"] = template
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -285,9 +289,18 @@ def desired_service(*, name: str, namespace: str, spec: SpecDeploymentSpec) -> d
 
 
 def desired_monitor(
-    *, name: str, namespace: str, spec: SpecDeploymentSpec, kind: MonitorKind
+    *,
+    name: str,
+    namespace: str,
+    spec: SpecDeploymentSpec,
+    kind: MonitorKind,
+    extra_labels: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """A Prometheus Operator PodMonitor or ServiceMonitor for the engine's /metrics."""
+    """A Prometheus Operator PodMonitor or ServiceMonitor for the engine's /metrics, with the
+    installer's labels (None: `configured_monitor_labels()`) for Prometheus' monitor selector;
+    SpecPilot's own labels win."""
+    if extra_labels is None:
+        extra_labels = configured_monitor_labels()
     endpoint = {"port": PORT_NAME, "path": METRICS_PATH, "interval": SCRAPE_INTERVAL}
     if kind == "PodMonitor":
         body: dict[str, Any] = {
@@ -302,7 +315,7 @@ def desired_monitor(
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": kind,
-        "metadata": _meta(monitor_name(name), namespace, _labels(name, spec)),
+        "metadata": _meta(monitor_name(name), namespace, {**extra_labels, **_labels(name, spec)}),
         "spec": body,
     }
 

@@ -18,7 +18,10 @@ import pytest
 import yaml
 from kube.chart import CHART, REPO, find, helm
 
+from specpilot.operator.api.spec import decode_spec
 from specpilot.operator.kube import exported_metrics
+from specpilot.operator.kube.children import desired_monitor
+from specpilot.operator.kube.monitor_labels import monitor_labels
 from specpilot.operator.kube.status import EVENT_REASONS
 from specpilot.runtime.engine_metrics import ENGINE_METRICS, VLLM_PER_POSITION
 from specpilot.tuner import SpecConfig
@@ -343,10 +346,19 @@ def test_release_label_reaches_every_monitoring_object(monitoring_docs: list[Obj
     for kind in ("ServiceMonitor", "PrometheusRule", "ConfigMap"):
         labels = find(monitoring_docs, kind)["metadata"]["labels"]
         assert labels.items() >= wanted.items(), kind
-    # the engine PodMonitors are the operator's: it reads the labels from its environment
+    # the engine PodMonitors are the operator's: it reads the labels from its environment,
+    # here the environment the chart gives it
     pod = find(monitoring_docs, "Deployment")["spec"]["template"]["spec"]
     env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
-    assert json.loads(env["SPECPILOT_MONITOR_LABELS"]) == wanted
+    labels = monitor_labels({name: value for name, value in env.items() if value is not None})
+    assert labels == wanted
+    spec = decode_spec({"engine": "vllm", "model": "org/m"})
+    monitor = desired_monitor(
+        name="llama", namespace="llm", spec=spec, kind="PodMonitor", extra_labels=labels
+    )
+    assert monitor["metadata"]["labels"].items() >= wanted.items()
+    # SpecPilot's own labels are kept beside them
+    assert monitor["metadata"]["labels"]["app.kubernetes.io/instance"] == "llama"
 
 
 def test_monitoring_objects_are_off_by_default(tmp_path: Path) -> None:
