@@ -46,7 +46,7 @@ HEADER = f"""\
 # Deployment, never back.
 """
 
-PRINTER_COLUMNS: tuple[dict[str, str], ...] = (
+PRINTER_COLUMNS: tuple[dict[str, str | int], ...] = (
     {"name": "Engine", "type": "string", "jsonPath": ".spec.engine",
      "description": "Inference engine (vllm or sglang)."},
     {"name": "Method", "type": "string", "jsonPath": ".status.currentConfig.method",
@@ -59,9 +59,15 @@ PRINTER_COLUMNS: tuple[dict[str, str], ...] = (
      "description": "Mean acceptance length observed (tokens per verify step, bonus included)."},
     {"name": "Batch", "type": "number", "jsonPath": ".status.observed.batch",
      "description": "Mean running requests per replica observed."},
+    {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
+     "description": "The Ready condition: every wanted engine pod serves the running config."},
+    {"name": "Replicas", "type": "integer", "jsonPath": ".status.replicas",
+     "description": "Engine pods of the main Deployment (status.readyReplicas: those Ready)."},
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase",
      "description": "Lifecycle phase."},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    {"name": "URL", "type": "string", "jsonPath": ".status.url", "priority": 1,
+     "description": "The engine's endpoint inside the cluster (the Service)."},
 )  # fmt: skip
 
 

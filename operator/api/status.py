@@ -138,6 +138,11 @@ class Status(ApiModel):
     """Lifecycle phase."""
     replicas: int | None = Field(default=None, json_schema_extra=_INT32)
     """Engine pods (scale subresource)."""
+    ready_replicas: int | None = Field(default=None, ge=0, json_schema_extra=_INT32)
+    """Engine pods of the main Deployment that are Ready (serving)."""
+    url: str | None = Field(default=None, max_length=512)
+    """The engine's OpenAI-compatible endpoint inside the cluster: the Service, as
+    http://<name>.<namespace>.svc:<port>."""
     selector: str | None = None
     """Label selector of the engine pods (scale subresource, for HPA)."""
     regime: Regime | None = None

@@ -69,6 +69,11 @@ def service_name(name: str) -> str:
     return name
 
 
+def service_url(name: str, namespace: str, spec: SpecDeploymentSpec) -> str:
+    """The engine's endpoint inside the cluster (`status.url`): the Service's DNS name."""
+    return f"http://{service_name(name)}.{namespace}.svc:{spec.port}"
+
+
 def monitor_name(name: str) -> str:
     return name
 

@@ -115,10 +115,14 @@ def running_status(
     phase = "Running" if rolled else "Deploying"
     if status.get("phase") in ("Switching", "RollingBack") and not rolled:
         phase = status["phase"]  # the tuner's own phases while its rollout is under way
-    return {
+    out = {
         **status, "phase": phase, "observedGeneration": generation, "conditions": conditions,
-        "replicas": total, "selector": ch.pod_selector(name),
+        "replicas": total, "readyReplicas": ready, "selector": ch.pod_selector(name),
     }  # fmt: skip
+    namespace = (deployment.get("metadata") or {}).get("namespace")
+    if namespace:  # the Service is applied with the Deployment: its endpoint, for users
+        out["url"] = ch.service_url(name, namespace, spec)
+    return out
 
 
 def tick_status(

@@ -84,10 +84,20 @@ def match_fields(selector: str | None, obj: Mapping[str, Any]) -> bool:
     return True
 
 
+_PATH_PART = re.compile(r'\[\?\(@\.(\w+)=="([^"]*)"\)\]|\[\d+\]|[^.\[\]]+')
+
+
 def get_path(obj: Any, path: str) -> Any:
-    """A dotted path (`.spec.replicas`, `status.conditions[0].type`); None where absent."""
-    for part in re.findall(r"[^.\[\]]+|\[\d+\]", path):
-        if part.startswith("["):
+    """A dotted path (`.spec.replicas`, `status.conditions[0].type`), or a JSONPath filter as
+    printer columns use one (`.status.conditions[?(@.type=="Ready")].status`: the first match,
+    as the API server's Table shows it); None where absent."""
+    for found in _PATH_PART.finditer(path):
+        part = found.group()
+        if found.group(1) is not None:
+            key, value = found.group(1), found.group(2)
+            matches = [i for i in obj if isinstance(i, Mapping) and i.get(key) == value]
+            obj = matches[0] if isinstance(obj, list) and matches else None
+        elif part.startswith("["):
             index = int(part[1:-1])
             obj = obj[index] if isinstance(obj, list) and index < len(obj) else None
         else:

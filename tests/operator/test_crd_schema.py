@@ -129,9 +129,18 @@ def test_names_subresources_and_printer_columns() -> None:
         "labelSelectorPath": ".status.selector",
     }
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert columns == ["Engine", "Method", "K", "Regime", "AccLen", "Batch", "Phase", "Age"]
-    for column in version["additionalPrinterColumns"][:-1]:
-        _sub(*column["jsonPath"].lstrip(".").split("."))  # the column reads a declared field
+    assert columns == [
+        "Engine", "Method", "K", "Regime", "AccLen", "Batch", "Ready", "Replicas", "Phase",
+        "Age", "URL",
+    ]  # fmt: skip
+    for column in version["additionalPrinterColumns"]:
+        if column["name"] == "Age":
+            continue
+        # the column reads a declared field (a filter reads the items of a declared list)
+        path = column["jsonPath"].replace('[?(@.type=="Ready")]', ".[]")
+        _sub(*path.lstrip(".").split("."))
+    (ready,) = [c for c in version["additionalPrinterColumns"] if c["name"] == "Ready"]
+    assert ready["jsonPath"] == '.status.conditions[?(@.type=="Ready")].status'
     conditions = _sub("status", "conditions", "[]")
     assert set(conditions["required"]) == {
         "type", "status", "reason", "message", "lastTransitionTime",

@@ -15,7 +15,8 @@ from kube.operator_process import running_operator, wait_for
 
 KUBECTL = REPO / ".tools" / "kube" / "kubectl" / "kubectl"
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
-COLUMNS = ["NAME", "ENGINE", "METHOD", "K", "REGIME", "ACCLEN", "BATCH", "PHASE", "AGE"]
+COLUMNS = ["NAME", "ENGINE", "METHOD", "K", "REGIME", "ACCLEN", "BATCH", "READY", "REPLICAS"]
+COLUMNS += ["PHASE", "AGE"]
 
 pytestmark = pytest.mark.skipif(not KUBECTL.exists(), reason="make builds .tools/kube (kubectl)")
 
@@ -53,6 +54,7 @@ def test_examples_apply_and_show_printer_columns(api: ApiServer, tmp_path: Path)
     with running_operator(api, tmp_path / "operator.log", "--standalone"):
         wait_for(lambda: all(_phase(api, n) for n in names), 30)
         table = kubectl(api, "get", "spd")
+        wide = kubectl(api, "get", "spd", "-o", "wide")
     header, *rows = table.strip().splitlines()
     assert header.split() == COLUMNS
     by_name = {row.split()[0]: row.split() for row in rows}
@@ -62,6 +64,15 @@ def test_examples_apply_and_show_printer_columns(api: ApiServer, tmp_path: Path)
         assert cells[1] == engine["engine"]
         assert cells[2] != "<none>" and cells[3].isdigit()  # method and K from status
         assert "Deploying" in cells  # phase: no kubelet here, so no pod is ever ready
+        # the Ready column is the Ready condition's status (counted from the right: the
+        # columns no tick has filled yet are blank)
+        assert cells[-4:-2] == ["False", "0"], cells
+    # -o wide adds the engine's endpoint, the Service's name in the cluster
+    wide_header, *wide_rows = wide.strip().splitlines()
+    assert wide_header.split()[-1] == "URL"
+    for row in wide_rows:
+        name = row.split()[0]
+        assert row.split()[-1] == f"http://{name}.default.svc:8000"
 
 
 def test_get_by_short_name_yaml_scale_and_delete(api: ApiServer) -> None:
