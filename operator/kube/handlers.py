@@ -11,7 +11,10 @@ Contract: importing this module registers, in kopf's default registry,
   live Deployment), then `tuning.tune`, which runs a tick only every
   spec.tuning.intervalSeconds. A daemon rather than a timer because kopf hands daemons a stop
   flag: every wait inside a tick goes through it, so operator exit, a peering pause and the
-  object's deletion interrupt a tick instead of waiting out a window or a rollout;
+  object's deletion interrupt a tick instead of waiting out a window or a rollout. The daemon
+  is async and each beat runs on the operator's tick pool (operator/kube/beat.py), so no daemon
+  holds a thread of kopf's executor, which the create and update handlers need;
+- cleanup: the tick pool is shut down;
 - delete (optional: no finalizer, so deleting never waits for the operator): the children go
   with the object through their ownerReferences; only in-memory caches and metrics are dropped.
 """
@@ -25,10 +28,9 @@ import kopf
 
 from specpilot.operator.api.names import FINALIZER, GROUP, KOPF_ANNOTATION_PREFIX, PLURAL, VERSION
 from specpilot.operator.api.spec import SpecError
-from specpilot.operator.kube import exported_metrics, tuning_daemon
+from specpilot.operator.kube import beat, exported_metrics, tuning_daemon
 from specpilot.operator.kube.client import KubeApiError, KubeConflict, KubeRest
 from specpilot.operator.kube.reconcile import reconcile
-from specpilot.operator.kube.tuning_daemon import Stopping
 from specpilot.operator.kube.url_policy import UrlAllowList
 
 BEAT_S = 5.0
@@ -60,6 +62,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.posting.level = logging.WARNING
     settings.execution.max_workers = max(settings.execution.max_workers or 0, 16)
     memo.rest = KubeRest.from_config(getattr(memo, "kubeconfig", None))
+    memo.ticks = beat.tick_pool()
     if not settings.peering.standalone and settings.peering.mandatory:
         ensure_peering(memo.rest, settings.peering.name, getattr(memo, "namespace", None))
     exported_metrics.serve(int(getattr(memo, "metrics_port", 0) or 0))
@@ -100,16 +103,12 @@ def reconcile_spec(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, initial_delay=BEAT_S, cancellation_timeout=BEAT_S)
-def tune_forever(
+async def tune_forever(
     stopped: kopf.DaemonStopped, body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any
 ) -> None:
     meta = body["metadata"]
 
-    def sleep(seconds: float) -> None:
-        if stopped.wait(seconds):
-            raise Stopping(str(stopped.reason))
-
-    while not stopped.is_set():
+    def one_beat(sleep: beat.Sleep) -> None:
         try:
             _reconcile(body, memo)
             with tuning_daemon.object_lock(meta["namespace"], meta["name"]):
@@ -118,12 +117,16 @@ def tune_forever(
                 )
             if outcome is not None:
                 logger.info(f"tuning: {outcome.action}: {outcome.reason}")
-        except Stopping:
-            return
         except (kopf.PermanentError, kopf.TemporaryError, KubeApiError) as exc:
             # Degraded is in status, or the API hiccuped: keep beating, the next beat retries.
             logger.debug(f"beat skipped: {exc}")
-        stopped.wait(BEAT_S)
+
+    await beat.run_beats(stopped, one_beat, pool=memo.ticks, every_s=BEAT_S)
+
+
+@kopf.on.cleanup()
+def stop_ticks(memo: kopf.Memo, **_: Any) -> None:
+    memo.ticks.shutdown(wait=False, cancel_futures=True)
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
