@@ -59,7 +59,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "$SPECPILOT_PROMETHEUS_URL_ALLOW, comma-separated); default: none",
     )
     parser.add_argument("--kubeconfig", help="default: in-cluster, else $KUBECONFIG")
-    parser.add_argument("--verbose", action="store_true")
+    parser.add_argument(
+        "--verbose", action="store_true", help="log kopf's and the handlers' debug messages"
+    )
     parser.set_defaults(run=run)
 
 
