@@ -22,6 +22,7 @@ class ClusterUnreachable(RuntimeError):
 
 
 def check_cluster(kubeconfig: str | None, timeout_s: float = CHECK_TIMEOUT_S) -> None:
+    import yaml
     from kubernetes import client, config
 
     where = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
@@ -34,7 +35,7 @@ def check_cluster(kubeconfig: str | None, timeout_s: float = CHECK_TIMEOUT_S) ->
             config.load_kube_config(  # type: ignore[no-untyped-call]
                 config_file=kubeconfig, client_configuration=configuration
             )
-    except (config.ConfigException, OSError, ValueError) as exc:
+    except (config.ConfigException, OSError, ValueError, yaml.YAMLError) as exc:
         raise ClusterUnreachable(
             f"cannot load Kubernetes credentials from {where}: {_one_line(exc)}"
             " (set --kubeconfig or $KUBECONFIG)"
