@@ -108,6 +108,8 @@ def _file(name: str) -> str:
 
 def test_kubectl_explain_teaches_the_api(api: ApiServer) -> None:
     kubectl(api, "apply", "--validate=false", "-f", str(REPO / "crds" / "specdeployment.yaml"))
+    kubectl(api, "wait", "--for=condition=Established", "crd/specdeployments.specpilot.io")
+    kubectl(api, "api-resources")  # refreshes kubectl's discovery cache, which predates the CRD
     top = kubectl(api, "explain", "spd")
     assert "KIND:       SpecDeployment" in top and "VERSION:    v1alpha1" in top
     field = kubectl(api, "explain", "spd.spec.tuning.objective")
@@ -117,3 +119,24 @@ def test_kubectl_explain_teaches_the_api(api: ApiServer) -> None:
     for name in ("speculative", "candidates", "draftModel", "tuning", "tpotP95Ms", "canary"):
         assert f"{name}\t<" in listing, name
     assert "<no description>" not in kubectl(api, "explain", "spd.spec.tuning.slo")
+
+
+POD_FIELDS = (
+    "labels", "annotations", "tolerations", "affinity", "runtimeClassName", "priorityClassName",
+    "serviceAccountName", "imagePullSecrets", "securityContext", "containerSecurityContext",
+    "volumes", "volumeMounts", "modelCache", "shmSize",
+)  # fmt: skip
+
+
+def test_kubectl_explain_documents_every_engine_pod_setting(api: ApiServer) -> None:
+    kubectl(api, "apply", "--validate=false", "-f", str(REPO / "crds" / "specdeployment.yaml"))
+    kubectl(api, "wait", "--for=condition=Established", "crd/specdeployments.specpilot.io")
+    kubectl(api, "api-resources")  # refreshes kubectl's discovery cache, which predates the CRD
+    pod = kubectl(api, "explain", "spd.spec.pod")
+    for name in POD_FIELDS:
+        assert f"  {name}\t<" in pod, name
+        field = kubectl(api, "explain", f"spd.spec.pod.{name}")
+        assert "<no description>" not in field.split("DESCRIPTION:", 1)[1].split("FIELDS:")[0], name
+    cache = kubectl(api, "explain", "spd.spec.pod.modelCache")
+    assert "claimName\t<string>" in cache and "HF_HOME" in cache
+    assert "rdma/ib" in kubectl(api, "explain", "spd.spec.resources.extra")
