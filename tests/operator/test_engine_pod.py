@@ -12,7 +12,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-from crd_validation import ROOT, admit
+from crd_validation import ROOT, admit, strip_indexes
 
 from specpilot.operator.api.names import INSTANCE_LABEL, MODEL_CACHE_VOLUME
 from specpilot.operator.api.pod import DEFAULT_MODEL_CACHE_PATH
@@ -158,6 +158,12 @@ def test_without_pod_settings_the_pod_is_as_before() -> None:
     ],
 )
 def test_bad_pod_settings_are_refused_naming_the_field(pod: Obj, field: str) -> None:
+    spec = {"engine": "vllm", "model": "org/m", "pod": pod}
+    # the API server (the CRD's schema and CEL rules) and the decoder, at the same field
+    _, failures = admit({"apiVersion": "specpilot.io/v1alpha1", "kind": "SpecDeployment",
+                         "metadata": {"name": "x", "namespace": "ns"}, "spec": spec})  # fmt: skip
+    crd, decoded = [strip_indexes(f.path) for f in failures], strip_indexes(field)
+    assert any(c.startswith(decoded) or decoded.startswith(c) for c in crd), failures
     with pytest.raises(SpecError) as raised:
-        decode_spec({"engine": "vllm", "model": "org/m", "pod": pod})
+        decode_spec(spec)
     assert field in str(raised.value), str(raised.value)
