@@ -8,7 +8,11 @@ spec no longer allows (candidates edited) is replaced by the spec's initial conf
 learned estimates; so is any other than the initial config in modes off and recommend, which
 run what the spec says (an edit of `initial` takes effect there). `failed` (configs that
 failed to roll out, with when) rides in the same JSON object under its own key, which
-`TunerState.from_json` ignores. `dump_state` is the inverse.
+`TunerState.from_json` ignores; so does `rollout`, the switch in flight (`InFlight`: the config
+rolling out, the one it replaces, whether it is a rollback, since when), written before the
+template is patched and gone once the tick that made it ends, so a tick that finds it knows the
+operator that started it never saw it through (operator/kube/resume.py); `load_rollout` reads
+it. `dump_state` is the inverse.
 Status is the right home: it is per object, written with the rest of the status, and goes away
 with the object.
 """
@@ -18,7 +22,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from specpilot.operator.api.spec import SpecDeploymentSpec
@@ -27,6 +31,22 @@ from specpilot.tuner import AcceptanceCurve, ConfigError, SpecConfig, TunerState
 logger = logging.getLogger(__name__)
 PRIOR_TASK = "chat"
 """Acceptance priors per method until the method has run (the tuner's published priors)."""
+
+
+@dataclass(frozen=True, slots=True)
+class InFlight:
+    """A rollout started and not yet seen through."""
+
+    config: SpecConfig
+    """What the Deployment rolls out to."""
+    previous: SpecConfig
+    """What it ran before (what a failed rollout goes back to)."""
+    rolling_back: bool
+    since_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"config": self.config.to_dict(), "previous": self.previous.to_dict(),
+                "rollingBack": self.rolling_back, "since": self.since_s}  # fmt: skip
 
 
 def priors(spec: SpecDeploymentSpec) -> dict[str, AcceptanceCurve]:
@@ -72,8 +92,32 @@ def load_state(
     return state, {c: t for c, t in failed.items() if allowed(spec, c)}
 
 
-def dump_state(state: TunerState, failed: Mapping[SpecConfig, float] | None = None) -> str:
+def load_rollout(status: Mapping[str, Any]) -> InFlight | None:
+    """The rollout in flight stored in status.tunerState, or None (none, or unreadable)."""
+    raw = status.get("tunerState")
+    try:
+        found = json.loads(raw).get("rollout") if isinstance(raw, str) and raw else None
+        if found is None:
+            return None
+        return InFlight(
+            config=SpecConfig.from_dict(found["config"]),
+            previous=SpecConfig.from_dict(found["previous"]),
+            rolling_back=bool(found["rollingBack"]),
+            since_s=float(found["since"]),
+        )
+    except (ValueError, KeyError, TypeError, AttributeError, ConfigError) as exc:
+        logger.warning("status.tunerState's rollout does not parse (%s); not resumed", exc)
+        return None
+
+
+def dump_state(
+    state: TunerState,
+    failed: Mapping[SpecConfig, float] | None = None,
+    rollout: InFlight | None = None,
+) -> str:
     body = json.loads(state.to_json())
     if failed:
         body["failed"] = [[c.to_dict(), t] for c, t in failed.items()]
+    if rollout is not None:
+        body["rollout"] = rollout.to_dict()
     return json.dumps(body, separators=(",", ":"))

@@ -38,10 +38,11 @@ from specpilot.operator.api.names import API_VERSION, PLURAL
 from specpilot.operator.api.spec import SpecDeploymentSpec, SpecError, config_to_status, decode_spec
 from specpilot.operator.kube import exported_metrics
 from specpilot.operator.kube.actuator import for_spec
-from specpilot.operator.kube.client import KubeRest
+from specpilot.operator.kube.client import KubeRest, now_iso
 from specpilot.operator.kube.metrics_condition import NOT_ALLOWED, UNAVAILABLE, report_unavailable
-from specpilot.operator.kube.persisted_state import dump_state, load_state
+from specpilot.operator.kube.persisted_state import InFlight, dump_state, load_rollout, load_state
 from specpilot.operator.kube.pod_metrics import PodWindowSource, PrometheusSource, ScrapeSource
+from specpilot.operator.kube.resume import Resumed, resume
 from specpilot.operator.kube.retry import with_retries
 from specpilot.operator.kube.status import EVENT_REASONS, post_event, tick_status, write_status
 from specpilot.operator.kube.url_policy import FIELD as URL_FIELD
@@ -54,6 +55,7 @@ from specpilot.tuner import (
     SpecConfig,
     StepCost,
     TunerSettings,
+    TunerState,
     decide,
 )
 
@@ -230,14 +232,27 @@ def _tick(
     window = max(1.0, spec.tuning.interval_s * WINDOW_FRACTION)
     actuator = make_actuator(rest, fresh, spec, sleep)
 
+    inflight = load_rollout(status)
+    if inflight is not None:  # an earlier operator's rollout: see it through first
+
+        def announce_back(
+            flight: InFlight, intended: TunerState, backed_off: Mapping[SpecConfig, float]
+        ) -> None:
+            _announce(rest, fresh, status, flight, intended, backed_off, sleep)
+
+        resumed = resume(actuator, inflight, state, failed, now, announce_back)
+        _loops.pop(key, None)  # its goodput check, if any, was for another window
+        return _resumed(rest, fresh, resumed)
+
     def announce(config: SpecConfig) -> None:
         rolling_back = config == state.current or (loop is not None and loop.rolling_back)
-        phase = "RollingBack" if rolling_back else "Switching"
-        intended = replace(state, current=config)
-        announced = {**status, "phase": phase, "currentConfig": config_to_status(config),
-                     "tunerState": dump_state(intended, failed)}  # fmt: skip
-        # a 503 here must not read as the engine refusing the config (the loop would back it off)
-        with_retries(lambda: write_status(rest, fresh, announced), sleep=sleep)
+        # the switch counts against the dwell and the restart budget from now, even if this
+        # operator dies before the tick ends (a rollback restarts the dwell, not the budget)
+        restarts = state.restarts if rolling_back else (*state.restarts, now)
+        intended = replace(state, current=config, since_s=now, restarts=restarts)
+        backed_off = loop._failed if loop is not None and rolling_back else failed
+        flight = InFlight(config, state.current, rolling_back, now)
+        _announce(rest, fresh, status, flight, intended, backed_off, sleep)
 
     loop: ControlLoop | None = None
     if spec.tuning.mode == "auto":
@@ -278,6 +293,45 @@ def _tick(
         record.rolled_back, predicted_gain=record.decision.predicted_gain,
     )  # fmt: skip
     return TickOutcome(action, reason, record.decision, record.applied, status)
+
+
+def _announce(
+    rest: KubeRest,
+    fresh: Obj,
+    status: Obj,
+    flight: InFlight,
+    intended: TunerState,
+    failed: Mapping[SpecConfig, float],
+    sleep: Sleep,
+) -> None:
+    """Before a rollout: phase, the config it rolls out to and the rollout in flight, so a
+    concurrent reconcile renders the same template and a later operator can see it through."""
+    phase = "RollingBack" if flight.rolling_back else "Switching"
+    announced = {**status, "phase": phase, "currentConfig": config_to_status(flight.config),
+                 "tunerState": dump_state(intended, failed, flight)}  # fmt: skip
+    # a 503 here must not read as the engine refusing the config (the loop would back it off)
+    with_retries(lambda: write_status(rest, fresh, announced), sleep=sleep)
+
+
+def _resumed(rest: KubeRest, fresh: Obj, resumed: Resumed) -> TickOutcome:
+    meta = fresh["metadata"]
+    config = resumed.state.current
+    decision = Decision(
+        action="switch" if config.speculative else "off", config=config,
+        reason=resumed.reason, predicted_gain=0.0, regime="unknown",
+    )  # fmt: skip
+    out: Obj = {
+        "phase": "Running",
+        "currentConfig": config_to_status(config),
+        "tunerState": dump_state(resumed.state, resumed.failed),
+        "lastDecision": {"action": resumed.action, "reason": resumed.reason,
+                         "predictedGain": 0.0, "config": config.describe(), "time": now_iso()},
+    }  # fmt: skip
+    latest = rest.get(API_VERSION, PLURAL, meta["namespace"], meta["name"]) or fresh
+    write_status(rest, latest, {**(latest.get("status") or {}), **out})
+    post_event(rest, fresh, resumed.event_type, EVENT_REASONS[resumed.action], resumed.reason)
+    exported_metrics.record_config(meta["namespace"], meta["name"], config)
+    return TickOutcome(resumed.action, resumed.reason, decision, True, out)
 
 
 def _auto_outcome(record: TickRecord) -> tuple[str, str, str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kube.apiserver import ApiServer, running_apiserver
@@ -21,7 +22,7 @@ from specpilot.operator.kube.client import KubeRest
 from specpilot.operator.kube.persisted_state import load_state
 from specpilot.operator.kube.reconcile import reconcile
 from specpilot.operator.kube.retry import RETRIES
-from specpilot.operator.kube.tuning_daemon import Stopping, cost_for, settings_for, tune
+from specpilot.operator.kube.tuning_daemon import Stopping, cost_for, forget, settings_for, tune
 from specpilot.operator.loop import ControlLoop
 from specpilot.tuner import Observation, SpecConfig
 
@@ -40,8 +41,8 @@ def rest(api: ApiServer) -> KubeRest:
     return KubeRest.from_config(str(api.operator_kubeconfig))
 
 
-def stored(api: ApiServer, name: str) -> dict[str, object]:
-    state: dict[str, object] = json.loads(spd_of(api, name)["status"]["tunerState"])
+def stored(api: ApiServer, name: str) -> dict[str, Any]:
+    state: dict[str, Any] = json.loads(spd_of(api, name)["status"]["tunerState"])
     return state
 
 
@@ -124,5 +125,96 @@ def test_an_outage_past_the_retry_budget_is_a_failed_rollout(
     assert outcome is not None and outcome.action == "error", outcome
     assert "HTTP 503" in outcome.reason
     assert running_config(api, "outage") == INITIAL  # rolled back once the API answered again
-    (failed,) = stored(api, "outage")["failed"]  # type: ignore[misc]
+    (failed,) = stored(api, "outage")["failed"]
     assert failed[0] != INITIAL.to_dict()
+
+
+def killed_mid_rollout(api: ApiServer, rest: KubeRest, name: str, now: float) -> SpecConfig:
+    """A tick whose operator dies once the template is patched (its first wait never returns);
+    then a new operator, with none of the old one's memory."""
+    reconcile(rest, create(api, name))
+
+    def killed(_: float) -> None:
+        raise Stopping("SIGKILL")
+
+    with pytest.raises(Stopping):
+        tune(rest, spd_of(api, name), now=now, make_actuator=real_rollouts(busy(), killed))
+    forget("default", name)
+    target = running_config(api, name)
+    assert target != INITIAL
+    return target
+
+
+def test_a_switch_left_in_flight_counts_against_the_dwell_and_the_restart_budget(
+    api: ApiServer, rest: KubeRest
+) -> None:
+    now = later()
+    target = killed_mid_rollout(api, rest, "counted", now)
+    state = stored(api, "counted")
+    assert state["since_s"] == now and now in state["restarts"]
+    assert state["rollout"] == {  # what a new operator needs to see it through
+        "config": target.to_dict(), "previous": INITIAL.to_dict(),
+        "rollingBack": False, "since": now,
+    }  # fmt: skip
+
+
+def test_a_rollout_left_in_flight_is_seen_through_by_the_next_operator(
+    api: ApiServer, rest: KubeRest
+) -> None:
+    now = later()
+    target = killed_mid_rollout(api, rest, "resumed", now)
+    controller, made = Controller(api, "resumed"), []
+    make = real_rollouts(busy(), controller.sleep, made)
+    outcome = tune(rest, spd_of(api, "resumed"), now=now + 5, make_actuator=make)
+    assert outcome is not None and outcome.action == "switch" and "resumed" in outcome.reason
+    assert controller.sleeps and made[0].observed == 0  # it followed; it measured nothing
+    assert running_config(api, "resumed") == target
+    state = stored(api, "resumed")
+    assert "rollout" not in state and state["current"] == target.to_dict()
+    assert state["since_s"] == now  # the switch's dwell runs from when it was made
+    assert spd_of(api, "resumed")["status"]["phase"] == "Running"
+
+
+def test_a_crash_looping_config_left_in_flight_is_rolled_back_by_the_next_operator(
+    api: ApiServer, rest: KubeRest
+) -> None:
+    now = later()
+    target = killed_mid_rollout(api, rest, "crashed", now)
+    controller = Controller(api, "crashed", crash=target)
+    make = real_rollouts(busy(), controller.sleep)
+    outcome = tune(rest, spd_of(api, "crashed"), now=now + 5, make_actuator=make)
+    assert outcome is not None and outcome.action == "error", outcome
+    assert "CrashLoopBackOff" in outcome.reason and "out of memory" in outcome.reason
+    assert running_config(api, "crashed") == INITIAL  # rolled back
+    state = stored(api, "crashed")
+    assert "rollout" not in state and state["current"] == INITIAL.to_dict()
+    assert [c for c, _ in state["failed"]] == [target.to_dict()]
+    assert events(api, "crashed")["TunerSwitchFailed"]["type"] == "Warning"
+    assert spd_of(api, "crashed")["status"]["phase"] == "Running"
+
+
+def test_a_kill_during_the_rollback_resumes_the_rollback(api: ApiServer, rest: KubeRest) -> None:
+    now = later()
+    target = killed_mid_rollout(api, rest, "twice", now)
+    calls = []
+
+    def dies_in_the_rollback(seconds: float) -> None:
+        calls.append(seconds)
+        if running_config(api, "twice") == INITIAL:  # the rollback's patch is made
+            raise Stopping("SIGKILL again")
+        crashing.sleep(seconds)
+
+    crashing = Controller(api, "twice", crash=target)
+    with pytest.raises(Stopping):
+        tune(rest, spd_of(api, "twice"), now=now + 5,
+             make_actuator=real_rollouts(busy(), dies_in_the_rollback))  # fmt: skip
+    forget("default", "twice")
+    assert stored(api, "twice")["rollout"]["rollingBack"] is True
+    assert spd_of(api, "twice")["status"]["phase"] == "RollingBack"
+    make = real_rollouts(busy(), Controller(api, "twice").sleep)
+    outcome = tune(rest, spd_of(api, "twice"), now=now + 10, make_actuator=make)
+    assert outcome is not None and outcome.action == "rollback", outcome
+    assert running_config(api, "twice") == INITIAL
+    state = stored(api, "twice")
+    assert "rollout" not in state
+    assert [c for c, _ in state["failed"]] == [target.to_dict()]

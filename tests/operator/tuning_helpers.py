@@ -85,10 +85,11 @@ def running_config(api: ApiServer, name: str) -> SpecConfig:
 
 class Controller:
     """Plays the Deployment controller whenever the actuator sleeps; `on_sleep` runs first
-    (a test injects its fault there, once the rollout is under way)."""
+    (a test injects its fault there, once the rollout is under way). With `crash`, the pods of
+    that config crash-loop (a pod in CrashLoopBackOff is there, as the kubelet reports it)."""
 
-    def __init__(self, api: ApiServer, name: str) -> None:
-        self.api, self.name = api, name
+    def __init__(self, api: ApiServer, name: str, crash: SpecConfig | None = None) -> None:
+        self.api, self.name, self.crash = api, name, crash
         self.sleeps: list[float] = []
         self.on_sleep: Callable[[int], None] = lambda _: None
 
@@ -96,6 +97,8 @@ class Controller:
         self.sleeps.append(seconds)
         self.on_sleep(len(self.sleeps))
         live = self.api.get("apps", "deployments", "default", self.name)
+        if self.crash is not None:
+            self._crash_loop(live["spec"]["selector"]["matchLabels"], self.crash)
         replicas = int(live["spec"].get("replicas", 1))
         status = {
             "observedGeneration": live["metadata"]["generation"], "replicas": replicas,
@@ -108,6 +111,23 @@ class Controller:
         )
         assert done.status_code == 200, done.text
 
+    def _crash_loop(self, labels: dict[str, str], config: SpecConfig) -> None:
+        name = f"{self.name}-crashing"
+        pods = f"{self.api.url}/api/v1/namespaces/default/pods"
+        if self.api.get("", "pods", "default", name) is not None:
+            return
+        meta = {"name": name, "labels": labels,
+                "annotations": {"specpilot.io/config": config.to_json()}}  # fmt: skip
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+               "spec": {"containers": [{"name": "engine", "image": "engine"}]}}  # fmt: skip
+        assert httpx.post(pods, json=pod).status_code == 201
+        waiting = {"reason": "CrashLoopBackOff", "message": "back-off restarting"}
+        last = {"exitCode": 1, "message": "engine: out of memory loading the draft"}
+        status = {"containerStatuses": [{"name": "engine", "state": {"waiting": waiting},
+                                         "lastState": {"terminated": last}}]}  # fmt: skip
+        patched = httpx.patch(f"{pods}/{name}/status", json={"status": status}, headers=MERGE)
+        assert patched.status_code == 200, patched.text
+
 
 class RealRollouts:
     """A real `KubeActuator` over HTTP for `apply`; `observe` returns a scripted window (the
@@ -115,18 +135,21 @@ class RealRollouts:
 
     def __init__(self, inner: KubeActuator, observation: Observation) -> None:
         self.inner, self.observation = inner, observation
+        self.observed = 0
 
     def apply(self, config: SpecConfig) -> None:
         self.inner.apply(config)
 
     def observe(self, window_s: float) -> Observation:
+        self.observed += 1
         return self.observation
 
 
 def real_rollouts(
-    observation: Observation, sleep: Callable[[float], None]
+    observation: Observation, sleep: Callable[[float], None], made: list[RealRollouts] | None = None
 ) -> Callable[..., RealRollouts]:
-    """A `make_actuator` for `tune()`: the operator's own actuator, waiting through `sleep`."""
+    """A `make_actuator` for `tune()`: the operator's own actuator, waiting through `sleep`;
+    each one made is appended to `made`."""
 
     def make(rest: KubeRest, body: Any, spec: SpecDeploymentSpec, _: Any) -> RealRollouts:
         meta = body["metadata"]
@@ -134,6 +157,9 @@ def real_rollouts(
             api=rest, name=meta["name"], namespace=meta["namespace"], spec=spec,
             metrics=ScrapeSource(sleep=sleep), sleep=sleep, owner=body,
         )  # fmt: skip
-        return RealRollouts(inner, observation)
+        actuator = RealRollouts(inner, observation)
+        if made is not None:
+            made.append(actuator)
+        return actuator
 
     return make
