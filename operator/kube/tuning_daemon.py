@@ -280,9 +280,11 @@ def _tick(
         record = TickRecord(now, observation, decision, applied=False)
         outcome = (action, decision.reason, "Normal")
     action, reason, event_type = outcome
-    status = tick_status(status, spec, record, new_state, action, fresh)
-    status["tunerState"] = dump_state(new_state, new_failed)
     latest = rest.get(API_VERSION, PLURAL, namespace, name) or fresh
+    # the phase a rollout of this tick announced (it is seen through by now): tick_status ends it
+    phase = (latest.get("status") or {}).get("phase", status.get("phase"))
+    status = tick_status({**status, "phase": phase}, spec, record, new_state, action, fresh)
+    status["tunerState"] = dump_state(new_state, new_failed)
     write_status(rest, latest, {**(latest.get("status") or {}), **status})
     post_event(rest, fresh, event_type, EVENT_REASONS[action], reason)
     obs = record.observation

@@ -6,9 +6,10 @@ Usage:
     ...                 # the next matching request is answered 503 (a Status body), the ones
     fault.hits          # after it are served by the store again; hits counts the failures
 
-KMock's DSL puts a reaction in front of the realism layer's store; its filters are evaluated
-over the whole request log on every request, so the criterion here decides once per request
-id (the log is in id order) and never picks a request made before the fault was installed.
+KMock's DSL puts a reaction in front of the realism layer's store. Its criterion may be asked
+about the same request more than once (while the request is served, and again whenever a test
+reads the request log), so it decides once per request id and remembers, and it never picks a
+request made before the fault was installed.
 """
 
 from __future__ import annotations

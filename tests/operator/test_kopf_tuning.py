@@ -13,19 +13,17 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from kube.apiserver import REPO, ApiServer, default_crds, running_apiserver
 from kube.chart import operator_rules
+from tuning_helpers import busy, create, events, later, spd
 
 from specpilot.operator.api.spec import SpecDeploymentSpec, decode_spec
 from specpilot.operator.kube.actuator import KubeActuator
 from specpilot.operator.kube.client import KubeRest
 from specpilot.operator.kube.reconcile import reconcile
-from specpilot.operator.kube.tuning_daemon import forget, kube_actuator, settings_for, tune
+from specpilot.operator.kube.tuning_daemon import kube_actuator, settings_for, tune
 from specpilot.tuner import Observation, SpecConfig, TunerSettings
-
-SPD_PATH = "/apis/specpilot.io/v1alpha1/namespaces/default/specdeployments"
 
 
 class FakeActuator:
@@ -42,21 +40,6 @@ class FakeActuator:
         return self.observation
 
 
-def later() -> float:
-    """A tick's time: after the state's start (real time at reconcile), past no dwell."""
-    return time.time() + 60.0
-
-
-def busy(batch: float = 256.0, tokens_per_s: float = 9000.0) -> Observation:
-    """A compute-bound window: n-gram speculation costs more than it gives here."""
-    return Observation(
-        engine="vllm", window_s=4.0, pods=("p-0",), acceptance_length=1.2, acceptance_rate=0.07,
-        acceptance_per_position=None, running_requests=batch, waiting_requests=40.0,
-        kv_cache_usage=0.9, generation_tokens_per_s=tokens_per_s, tpot_p50_s=0.03,
-        tpot_p95_s=0.05, ttft_p95_s=0.4,
-    )  # fmt: skip
-
-
 @pytest.fixture
 def api(tmp_path: Path) -> Iterator[ApiServer]:
     with running_apiserver(tmp_path, operator_rules=operator_rules(tmp_path)) as server:
@@ -70,46 +53,11 @@ def rest(api: ApiServer) -> KubeRest:
     return KubeRest.from_config(str(api.operator_kubeconfig))
 
 
-def create(api: ApiServer, name: str, mode: str) -> dict[str, Any]:
-    body = {
-        "apiVersion": "specpilot.io/v1alpha1",
-        "kind": "SpecDeployment",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {
-            "engine": "vllm",
-            "model": "m",
-            "speculative": {
-                "candidates": [{"method": "ngram", "maxK": 4}],
-                "initial": {"method": "ngram", "k": 4},
-            },
-            "tuning": {"mode": mode, "intervalSeconds": 5, "minDwellSeconds": 0},
-        },
-    }
-    created = httpx.post(api.url + SPD_PATH, json=body)
-    assert created.status_code == 201, created.text
-    forget("default", name)
-    result: dict[str, Any] = created.json()
-    return result
-
-
 def factory(actuator: FakeActuator) -> Callable[..., FakeActuator]:
     def make(rest: KubeRest, body: Any, spec: SpecDeploymentSpec, sleep: Any) -> FakeActuator:
         return actuator
 
     return make
-
-
-def spd(api: ApiServer, name: str) -> dict[str, Any]:
-    found: dict[str, Any] = api.get("specpilot.io", "specdeployments", "default", name)
-    return found
-
-
-def events(api: ApiServer, name: str) -> dict[str, dict[str, Any]]:
-    return {
-        e["reason"]: e
-        for e in api.list("", "events", "default")
-        if e["involvedObject"]["name"] == name
-    }
 
 
 def test_reconcile_is_idempotent(api: ApiServer, rest: KubeRest) -> None:

@@ -104,6 +104,7 @@ def test_one_503_while_following_a_rollout_is_waited_out(api: ApiServer, rest: K
     target = running_config(api, "hiccup")
     assert target != INITIAL and stored(api, "hiccup")["current"] == target.to_dict()
     assert stored(api, "hiccup").get("failed", []) == []
+    assert spd_of(api, "hiccup")["status"]["phase"] == "Running"  # the switch is over
     assert "TunerSwitchFailed" not in events(api, "hiccup")
 
 
