@@ -91,7 +91,8 @@ def run(
     traffic's prompt share is learned); the last one decides, with `waiting` queued."""
     batches = [batches[0]] * 6 + batches
     chosen = settings(objective, windows=len(batches), restart_s=restart_s)
-    state = TunerState.initial(config, 0.0, PRIORS)
+    # as if the tuner had just moved to `config`: its dwell holds the windows before the last
+    state = replace(TunerState.initial(config, 0.0, PRIORS), restarts=(0.0,))
     decision = None
     for i, batch in enumerate(batches):
         last = i == len(batches) - 1

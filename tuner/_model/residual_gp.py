@@ -157,12 +157,17 @@ def features(config: SpecConfig, batch: float, log2_context: float | None) -> li
     return x
 
 
+def shared_offset(points: Sequence[ResidualPoint]) -> float:
+    """The support-weighted mean residual (0 for none)."""
+    # fsum: exactly rounded, so the order the state holds the summaries in changes nothing.
+    total = math.fsum(p.weight for p in points)
+    return math.fsum(p.mean * p.weight for p in points) / total if total > 0 else 0.0
+
+
 def fit_residuals(points: Sequence[ResidualPoint]) -> ResidualFit | None:
     if not points:
         return None
-    # fsum: exactly rounded, so the order the state holds the summaries in changes nothing.
-    total = math.fsum(p.weight for p in points)
-    offset = math.fsum(p.mean * p.weight for p in points) / total if total > 0 else 0.0
+    offset = shared_offset(points)
     chosen = bounded(points)
     log2_context = _reference_context(chosen)
     # Sorted: the state reorders summaries as it updates them, which changes no fit.

@@ -26,7 +26,12 @@ from dataclasses import dataclass
 from typing import Literal
 
 from specpilot.tuner._model.acceptance import AcceptanceCurve
-from specpilot.tuner._model.residual_gp import ResidualFit, ResidualPoint, fit_residuals
+from specpilot.tuner._model.residual_gp import (
+    ResidualFit,
+    ResidualPoint,
+    fit_residuals,
+    shared_offset,
+)
 from specpilot.tuner._model.step_cost import StepCost
 from specpilot.tuner.spec_config import SpecConfig
 
@@ -69,14 +74,19 @@ class Surrogate:
         residuals: tuple[ResidualPoint, ...] = (),
         prefill_ratio: float = 0.0,
         acceptance_sd: Mapping[str, float] | None = None,
+        residual_gp: bool = True,
     ) -> None:
+        """`residual_gp` False keeps the shared offset alone (an ablation of the GP)."""
         self.cost = cost
         self.acceptance = acceptance
         self.acceptance_sd = acceptance_sd or {}
         self.prefill_ratio = prefill_ratio
-        self.residual_fit: ResidualFit | None = fit_residuals(residuals)
-        """The fitted correction (None: nothing measured yet); cached by its data."""
-        self.offset = self.residual_fit.offset if self.residual_fit is not None else 0.0
+        self.residual_fit: ResidualFit | None = fit_residuals(residuals) if residual_gp else None
+        """The fitted correction (None: nothing measured yet, or the GP ablated); cached by its
+        data."""
+        self.offset = (
+            self.residual_fit.offset if self.residual_fit is not None else shared_offset(residuals)
+        )
 
     def prior(self, config: SpecConfig, batch: float, context_tokens: float) -> Prediction:
         batch_n = max(1, round(batch))
@@ -121,9 +131,12 @@ class Surrogate:
     ) -> list[Prediction]:
         """`predict` for several configs at one load, with one pass through the GP."""
         priors = [self.prior(c, batch, context_tokens) for c in configs]
-        if self.residual_fit is None or not configs:
+        if not configs or (self.residual_fit is None and not self.offset):
             return priors
-        means, stds = self.residual_fit.predict(configs, batch, context_tokens)
+        if self.residual_fit is not None:
+            means, stds = self.residual_fit.predict(configs, batch, context_tokens)
+        else:  # the GP ablated: every config corrected by the shared offset alone
+            means, stds = [self.offset] * len(configs), [0.0] * len(configs)
         predictions = []
         for prior, mean, std in zip(priors, means, stds, strict=True):
             factor = math.exp(mean)  # the offset is in the mean

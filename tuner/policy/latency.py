@@ -17,8 +17,9 @@ overstates the slow config's batch.
 Why capacity dominates: a config whose best throughput (at max-num-seqs, or at the KV limit)
 falls below the demand builds a queue that grows for as long as the demand lasts; every request
 waits behind it. No per-token gain at low load pays for that, so such a config's latency is
-priced as the slowest per-token latency of any config times the overload it would face, times
-`OVERLOAD_PENALTY`: among configs that all fall short, the one with the most capacity wins.
+priced as the slowest per-token latency of any config times `OVERLOAD_PENALTY`, growing with
+the shortfall it would face (`QUEUE_GROWTH`): among configs that all fall short, the one with
+the most capacity wins, by the queue it saves.
 """
 
 from __future__ import annotations
@@ -32,8 +33,12 @@ from specpilot.tuner.policy.settings import TunerSettings
 from specpilot.tuner.spec_config import SpecConfig
 
 OVERLOAD_PENALTY = 10.0
-"""How much worse than the slowest per-token latency an overloaded config is priced, per unit
-of overload: a queue's wait soon dwarfs any per-token difference."""
+"""How much worse than the slowest per-token latency an overloaded config is priced at the
+least overload: a queue's wait soon dwarfs any per-token difference."""
+QUEUE_GROWTH = 10.0
+"""How fast that price grows with the shortfall (peak demand over capacity, less one): the
+queue grows at demand minus capacity, so at 1.3x demand a config 4% short of another adds
+about 13% more queue, not the 4% a ratio of capacities says."""
 GRID_POINTS = 13
 """Batches (geometric, 1 to the most the engine can hold) each config's curve is read at."""
 
@@ -116,10 +121,10 @@ def latency_score(
     cautious: bool = False,
 ) -> LatencyScore:
     """`config`'s steady per-token latency at `demand`; overloaded when its capacity is below
-    peak_demand x (1 + margin), and then priced at `unit_s` x OVERLOAD_PENALTY x the
-    overload (see `overload_unit`). `cautious` prices an overload at the capacity one sd down:
-    a move made for capacity alone must be sure of it (a config that never ran at a large
-    batch may have less than the physics prior says)."""
+    peak_demand x (1 + margin), and then priced at `unit_s` x OVERLOAD_PENALTY x (1 +
+    QUEUE_GROWTH x the shortfall) (see `overload_unit`). `cautious` prices an overload at the
+    capacity one sd down: a move made for capacity alone must be sure of it (a config that
+    never ran at a large batch may have less than the physics prior says)."""
     top_batch, top = max(curve, key=lambda point: point[1].tokens_per_s)
     # The mean, not a pessimistic bound: far from any measured batch the surrogate's spread
     # is wide, and a bound would keep speculation off wherever the load is not tiny; the
@@ -136,7 +141,7 @@ def latency_score(
             tpot_s=top.tpot_s,
             capacity=capacity,
             overloaded=True,
-            latency_s=unit_s * OVERLOAD_PENALTY * overload,
+            latency_s=unit_s * OVERLOAD_PENALTY * (1.0 + QUEUE_GROWTH * (overload - 1.0)),
             uncertainty=top.uncertainty,
         )
     batch, tpot, uncertainty = _steady(curve, demand)
@@ -149,6 +154,11 @@ def latency_score(
         latency_s=tpot,
         uncertainty=uncertainty,
     )
+
+
+def steady_batch(curve: Curve, demand: float) -> float:
+    """The batch a config settles at under `demand` (the grid's largest when it cannot)."""
+    return _steady(curve, demand)[0]
 
 
 def _steady(curve: Curve, demand: float) -> tuple[float, float, float]:

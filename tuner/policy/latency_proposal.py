@@ -3,7 +3,9 @@
 Contract: `propose_for_latency(belief, space, settings, waiting)` reads the offered demand
 (output tokens/s served, plus the queue's share when requests wait), the demand ahead (the
 batch forecast read through the running config's curve; at max-num-seqs, beyond the running
-config's capacity), and scores every config of the space with `latency.latency_score`. It
+config's capacity; when the measured batch is far above the running config's steady batch,
+beyond what it serves: `behind`), and scores every config of the space with
+`latency.latency_score`. It
 returns the running config's prediction and a `Proposal` in the objective's units (tokens/s
 served, scaled by the per-token latency gain; see `latency.rate`), or None. The proposal's
 `speed_gain` is the per-sequence speed gain at the window's batch, without the overload price:
@@ -24,11 +26,12 @@ from specpilot.tuner.policy.latency import (
     load_curves,
     overload_unit,
     rate,
+    steady_batch,
     throughput_at,
 )
 from specpilot.tuner.policy.learn import Belief
 from specpilot.tuner.policy.plan import forecast_batch
-from specpilot.tuner.policy.proposal import Proposal, explore
+from specpilot.tuner.policy.proposal import Proposal, explore, trial_span_s
 from specpilot.tuner.policy.settings import TunerSettings
 from specpilot.tuner.spec_config import SpecConfig
 
@@ -36,6 +39,13 @@ QUEUED_REQUESTS = 0.5
 """Mean waiting requests above which the served rate understates the demand."""
 SATURATION = 0.9
 """A forecast batch at this share of the batch limit means the running config saturates."""
+BACKLOG_BATCH_RATIO = 1.5
+"""A measured batch this many times the running config's predicted steady batch (at the
+demand it serves) says the engine is behind its demand: a backlog draining, or a model that
+overrates the running config where it runs. Either way the served rate is its capacity, not
+the demand."""
+BACKLOG_MIN_BATCH = 8.0
+"""Below this measured batch a ratio says more about one window's arrivals than a backlog."""
 BEYOND_SATURATION = 1.25
 """The demand a saturating forecast stands for, over the running config's capacity: the
 batch forecast stops at the limit, the demand behind it does not, and a tie with the running
@@ -49,6 +59,14 @@ def offered_demand(throughput: float, batch: float, waiting: float) -> float:
     if waiting > QUEUED_REQUESTS and batch > 0:
         return throughput * (1.0 + waiting / batch)
     return throughput
+
+
+def behind(batch: float, running: Curve, demand: float) -> bool:
+    """Whether the measured batch is far above the running config's predicted steady batch at
+    the demand it serves (`BACKLOG_BATCH_RATIO`): the engine is behind its demand."""
+    if batch < BACKLOG_MIN_BATCH:
+        return False
+    return batch > BACKLOG_BATCH_RATIO * steady_batch(running, demand)
 
 
 def demand_ahead(
@@ -75,6 +93,10 @@ def propose_for_latency(
     demand = offered_demand(belief.throughput, batch, waiting)
     forecast = forecast_batch(state.recent_batches, settings)
     peak = demand_ahead(demand, curves[current], batch, forecast, batch_limit(context, settings))
+    if behind(belief.batch, curves[current], demand):
+        # the demand is at least what the running config serves flat out: only more capacity
+        # helps, and a move to less would build the queue it is draining
+        peak = max(peak, BEYOND_SATURATION * demand)
     unit = overload_unit(list(curves.values()))
     # Hysteresis on capacity: a config is entered only with the margin to spare, and left only
     # once the load ahead overloads it; else a load near the margin flips it every dwell.
@@ -102,7 +124,11 @@ def propose_for_latency(
     ranked = [(c, _as_prediction(scores[c], curves[c], served, reference)) for c in candidates]
     best_config, best = max(ranked, key=lambda item: item[1].tokens_per_s)
     detail = _detail(scores[best_config], running_score, demand, peak)
-    if best_config != current:
+    trial = explore(ranked, current, running, settings)
+    # A move predicted better by too little to clear the gate may still be worth trying for
+    # what it would teach: the trial's value, when larger, is the move's.
+    worth_trying = trial is not None and trial[2] > best.tokens_per_s - served
+    if best_config != current and not worth_trying:
         why = "predicted faster for users"
         if running_score.overloaded:
             why = "capacity short of the load ahead"
@@ -116,7 +142,6 @@ def propose_for_latency(
             for_capacity=running_score.overloaded,
             detail=detail,
         )
-    trial = explore(ranked, current, running, settings)
     if trial is None:
         return running, None
     config, prediction, improvement, trial_failure = trial
@@ -127,8 +152,8 @@ def propose_for_latency(
         gain=improvement / served,
         trial_failure=trial_failure,
         why=(
-            f"exploring (expected improvement, {trial_failure:.0%} chance it is slower, "
-            f"downside within {settings.max_downside:.0%})"
+            f"exploring (expected improvement less the expected loss over a "
+            f"{trial_span_s(settings):.0f}s trial, {trial_failure:.0%} chance it is slower)"
         ),
         speed_gain=now.tpot_s / at_batch[config].tpot_s - 1.0,
         detail=_detail(scores[config], running_score, demand, peak),

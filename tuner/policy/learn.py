@@ -6,10 +6,10 @@ throughput it needs, the reason to hold: the tuner never guesses. It folds the r
 method's acceptance counters into the acceptance posterior (which also moves the task weights,
 and through them the methods not running: `TunerState.learn_acceptance`), blends the traffic's
 prompt/output ratio and context per request, and remembers the window's batch (the load's
-trend); once the running config has
-served more than a window and a half since its switch, it also learns the residual of measured
-over prior throughput (a window that saw the switch also saw the restart's downtime and
-refill). Pure: `now` is the only clock.
+trend); it also learns the residual of measured over prior throughput, once the running config
+has served more than a window and a half since the tuner's last switch (a window that saw the
+switch also saw the restart's downtime and refill) or from the first window when the tuner has
+not switched yet. Pure: `now` is the only clock.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from specpilot.tuner._model.acceptance import AcceptanceCurve
 from specpilot.tuner._model.step_cost import StepCost
 from specpilot.tuner._model.surrogate import Surrogate
 from specpilot.tuner.observation import Observation
+from specpilot.tuner.policy.ablation import average_acceptance, average_curves, average_sd
 from specpilot.tuner.policy.settings import TunerSettings
 from specpilot.tuner.state import TunerState
 
@@ -62,24 +63,29 @@ def learn(
             + " unknown or idle in this window"
         )
 
-    state = state.learn_acceptance(current, observation, now).learn_traffic(
-        observation, settings.kv_capacity_tokens
-    )
+    posterior = settings.acceptance_model == "posterior"
+    state = (
+        state.learn_acceptance(current, observation, now)
+        if posterior
+        else average_acceptance(state, current, observation)
+    ).learn_traffic(observation, settings.kv_capacity_tokens)
     context = state.context_tokens or settings.context_tokens
-    acceptance = state.acceptance_curves()
+    acceptance = state.acceptance_curves() if posterior else average_curves(state)
     prior = Surrogate(cost, acceptance, prefill_ratio=state.prefill_ratio).prior(
         current, batch, context
     )
-    if now - state.since_s > 1.5 * observation.window_s:
-        # A window that saw the switch also saw the restart's downtime and refill: it says
-        # nothing about how fast the new config runs.
+    if not state.restarts or now - state.since_s > 1.5 * observation.window_s:
+        # A window that saw a switch also saw the restart's downtime and refill: it says
+        # nothing about how fast the new config runs. The config a deployment started with
+        # served the whole window (an engine still starting reports no throughput).
         state = state.learn_throughput(current, batch, throughput / prior.tokens_per_s)
     surrogate = Surrogate(
         cost,
         acceptance,
         residuals=state.residuals,
         prefill_ratio=state.prefill_ratio,
-        acceptance_sd=state.acceptance_sd(),
+        acceptance_sd=state.acceptance_sd() if posterior else average_sd(state),
+        residual_gp=settings.residual_model == "gp",
     )
     return Belief(
         state=state.remember_batch(batch),

@@ -50,23 +50,23 @@ def explore(
 ) -> tuple[SpecConfig, Prediction, float, float] | None:
     """The trial most worth making when no config is predicted better on the mean.
 
-    A candidate's log rate is taken as normal around its prediction with the surrogate's
-    uncertainty; its expected improvement over the running config's (scikit-optimize's
-    `gaussian_ei`, in log units: about the relative gain a trial buys), times the running rate
-    and `exploration`, is what a trial buys in tokens/s. Only candidates whose pessimistic
-    prediction (one sd down) is within `max_downside` of the running config are tried. Returns
-    the config, its prediction, the weighted expected improvement and the chance it turns out
-    slower.
+    A trial is bounded in time, not in how bad its config may turn out: the loop measures it
+    in its first window and the tuner undoes it once the dwell allows (`trial_span_s`). So a
+    candidate's log rate is taken as normal around its prediction with the surrogate's
+    uncertainty, and a trial is worth what it is expected to gain over the expected dwell
+    (scikit-optimize's `gaussian_ei`, in log units: about the relative gain) less what it is
+    expected to lose while it runs (the same expectation of the shortfall, over the trial's
+    span): `net_trial_value`. Only candidates whose expected loss over the dwell stays within
+    `max_downside` are tried (a config priced as overloaded by the latency objective never
+    is). Returns the config, its prediction, the net value in tokens/s (times `exploration`)
+    and the chance it turns out slower; None when no trial has a positive net value.
     """
     if settings.exploration <= 0:
         return None
-    floor = (1 - settings.max_downside) * now_pred.tokens_per_s
     trials = [
         (config, pred)
         for config, pred in scored
-        if config != current
-        and pred.uncertainty > 0
-        and pred.tokens_per_s * math.exp(-pred.uncertainty) >= floor
+        if config != current and pred.uncertainty > 0 and pred.tokens_per_s > 0
     ]
     if not trials:
         return None
@@ -74,8 +74,32 @@ def explore(
     stds = [pred.uncertainty for _, pred in trials]
     running = math.log(now_pred.tokens_per_s)
     gains = expected_improvement(means, stds, running, xi=0.0)
+    # the expected shortfall is the expected improvement of the running config over it
+    losses = expected_improvement([-m for m in means], stds, -running, xi=0.0)
     wins = probability_of_improvement(means, stds, running, xi=0.0)
-    best = max(range(len(trials)), key=lambda i: float(gains[i]))  # the first, on a tie
+    share = trial_span_s(settings) / settings.expected_dwell_s
+    values = [
+        net_trial_value(float(gain), float(loss), share, settings)
+        for gain, loss in zip(gains, losses, strict=True)
+    ]
+    best = max(range(len(trials)), key=lambda i: values[i])  # the first, on a tie
+    if values[best] <= 0:
+        return None
     config, pred = trials[best]
-    improvement = settings.exploration * now_pred.tokens_per_s * float(gains[best])
+    improvement = now_pred.tokens_per_s * values[best]
     return config, pred, improvement, 1.0 - float(wins[best])
+
+
+def trial_span_s(settings: TunerSettings) -> float:
+    """How long a disappointing trial runs before the tuner may undo it: the minimum dwell,
+    and at least the window that measures it."""
+    return max(settings.min_dwell_s, settings.window_s)
+
+
+def net_trial_value(gain: float, loss: float, share: float, settings: TunerSettings) -> float:
+    """A trial's expected relative gain over the dwell less its expected relative loss over its
+    span (`share` of the dwell), times `exploration`; -inf when that loss exceeds
+    `max_downside`."""
+    if loss * share > settings.max_downside:
+        return -math.inf
+    return settings.exploration * gain - loss * share

@@ -12,6 +12,8 @@ from typing import Literal
 from specpilot.tuner.spec_config import SpecConfig
 
 Objective = Literal["latency", "throughput", "goodput"]
+AcceptanceModel = Literal["posterior", "moving-average"]
+ResidualModel = Literal["gp", "offset"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -45,10 +47,18 @@ class TunerSettings:
     """Time-to-first-token target: a restart whose downtime exceeds it pays for the requests
     that wait longer (the tuner does not predict TTFT per config)."""
     max_downside: float = 0.05
+    """A trial's largest expected loss, relative to the running rate and spread over the
+    expected dwell (its expected shortfall while it runs, see `proposal.explore`)."""
     window_s: float = 60.0
     """Seconds between decisions (the spacing of the batches the forecast extrapolates)."""
     exploration: float = 1.0
     """Weight on a trial's expected improvement (0 disables exploration)."""
+    acceptance_model: AcceptanceModel = "posterior"
+    """posterior: per-position Beta posteriors learning (p, r) and the task mix; moving-average:
+    the running method's length averaged at a fixed rate (an ablation, `policy.ablation`)."""
+    residual_model: ResidualModel = "gp"
+    """gp: the shared offset plus the fitted GP over the residuals; offset: the shared offset
+    alone (an ablation: every config corrected alike)."""
     max_batch: int = 256
     """The engine's max-num-seqs: the most concurrent requests a forecast can reach."""
     context_tokens: float = 1024.0

@@ -34,7 +34,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
-from specpilot.operator.app.bench.policies import SPECPILOT, StaticPolicy, baselines
+from specpilot.operator.app.bench.policies import ABLATIONS, SPECPILOT, StaticPolicy, baselines
 from specpilot.operator.app.bench.report import markdown, summary, world_report
 from specpilot.operator.app.bench.run import PolicyRun, Setup, run_policy
 from specpilot.operator.app.bench.traffic import (
@@ -88,6 +88,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--peak-load", type=float, help="busiest minute as a multiple of capacity")
     p.add_argument("--time-scale", type=float, help="compress the trace's time by this factor")
     p.add_argument("--poisson", help="A:B:N Poisson rates as fractions of capacity")
+    p.add_argument(
+        "--policies",
+        help="comma-separated policies to run (default: every baseline and specpilot; "
+        f"ablations: {', '.join(ABLATIONS)})",
+    )
     p.add_argument("--seed", type=int, default=0, help="traffic and engine seed")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes")
     add_json_option(p, "the full report")
@@ -112,7 +117,7 @@ def run(ns: argparse.Namespace) -> int:
         raise ConfigError("--trace", ns.trace, "traffic with at least one request", "it has none")
     capacity = no_spec_capacity_rps(nominal, base.requests) * ns.replicas
     traffics = _shaped(ns, loaded, base, capacity)
-    policies: list[StaticPolicy | str] = [*baselines(ns.engine, nominal), SPECPILOT]
+    policies = _policies(ns.policies, baselines(ns.engine, nominal))
     worlds = list(range(ns.world_seed, ns.world_seed + ns.worlds))
     setups = [
         Setup(
@@ -148,6 +153,18 @@ def _check(ns: argparse.Namespace) -> None:
         raise ConfigError("--window", ns.window, "a finite number of seconds > 0")
     if ns.peak_load is not None and ns.time_scale is not None:
         raise ConfigError("--peak-load", ns.peak_load, "either --peak-load or --time-scale")
+
+
+def _policies(chosen: str | None, statics: list[StaticPolicy]) -> list[StaticPolicy | str]:
+    every: list[StaticPolicy | str] = [*statics, SPECPILOT, *ABLATIONS]
+    if chosen is None:
+        return [*statics, SPECPILOT]
+    names = {p.name if isinstance(p, StaticPolicy) else p: p for p in every}
+    wanted = [n.strip() for n in chosen.split(",") if n.strip()]
+    unknown = [n for n in wanted if n not in names]
+    if unknown or not wanted:
+        raise ConfigError("--policies", chosen, ", ".join(names))
+    return [names[n] for n in dict.fromkeys(wanted)]
 
 
 def _traffic(loaded: RequestTrace | Trace, seed: int) -> Traffic:

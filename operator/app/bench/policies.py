@@ -7,6 +7,7 @@ per-batch table; `sglang-adaptive`: SGLang's default adaptive buckets starting a
 `tuned-schedule`. `SPECPILOT` and `HINDSIGHT` name the two policies that are not fixed configs:
 the tuner through the control loop, and the hindsight reference (the best static config per
 window, switched for free), which is computed from the statics' runs, not run itself.
+`ABLATIONS` name SpecPilot with one component removed (`bench/ablations.py` runs them).
 
 `tuned_schedule(cost, method)` tunes a per-batch-size K table offline the way vLLM's
 `benchmarks/sweep/tune_speculative_k.py` does: for each batch size of a grid, run every K
@@ -28,6 +29,13 @@ from specpilot.tuner import SpecConfig, SpecMethod, StepCost
 
 DRAFT = "emulated-eagle3-draft"
 SPECPILOT = "specpilot"
+ABLATIONS: dict[str, dict[str, object]] = {
+    "specpilot:no-gp": {"residual_model": "offset"},
+    "specpilot:moving-average": {"acceptance_model": "moving-average"},
+    "specpilot:no-exploration": {"exploration": 0.0},
+    "specpilot:no-schedules": {"synthesize_schedules": False},
+}
+"""SpecPilot with one component removed, by name: the TunerSettings each one overrides."""
 HINDSIGHT = "hindsight"
 NO_SPEC = "no-spec"
 VLLM_EAGLE3_TABLE = SpecConfig(

@@ -6,17 +6,23 @@ of `setup.replicas` replicas serving the setup's requests, and drives it for the
 duration: a static policy just serves (one observed window after another); SpecPilot runs the
 operator's own `ControlLoop` (goodput rollback, failed-config backoff) with the tuner knowing
 only what a user's cluster would tell it: the published priors, the GPU catalog's nominal
-roofline, the nominal restart time, and its measurements. Returns a `PolicyRun`: every request
+roofline, the nominal restart time, and its measurements; it starts from `Tuning.initial`
+(speculation off unless told). Returns a `PolicyRun`: every request
 (for the serving metrics), the config and each window's requests, restarts and the tuner's
 decisions. Pure of wall time: the same inputs give the same run.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, replace
 
-from specpilot.operator.app.bench.policies import SPECPILOT, StaticPolicy, space_for
+from specpilot.operator.app.bench.policies import (
+    ABLATIONS,
+    SPECPILOT,
+    StaticPolicy,
+    space_for,
+)
 from specpilot.operator.app.bench.traffic import RequestTemplate
 from specpilot.operator.loop import Actuator, ControlLoop
 from specpilot.runtime.emulator.core import Request
@@ -32,6 +38,7 @@ from specpilot.tuner import (
     prior_curves,
 )
 
+NO_SPECULATION = SpecConfig()
 NOMINAL_START_S = 60.0
 """The engine start (or restart) time the tuner assumes; each world draws its own truth."""
 GOODPUT_TOLERANCE = 0.25
@@ -50,6 +57,13 @@ class Tuning:
     restart_budget_per_hour: int = 4
     expected_dwell_s: float = 600.0
     slo_tpot_p95_s: float | None = None
+    initial: SpecConfig = NO_SPECULATION
+    """The config SpecPilot's deployment starts with (speculation off where the engine cannot
+    run it). Off by default, the safe start: started on EAGLE-3 K=3 (examples/vllm-eagle3.yaml's
+    `speculative.initial`) under a Poisson load at 1.3x capacity, the tuner's prior cannot tell
+    that EAGLE-3 holds less capacity than no speculation in a slow world and it stays there
+    (world 1: mean E2E 220 s against 184 s); started off it pays one window without speculation
+    at low load instead."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -82,7 +96,7 @@ class PolicyRun:
 def run_policy(setup: Setup, world_seed: int, policy: StaticPolicy | str) -> PolicyRun:
     world = draw_world(world_seed)
     truth = world.step_cost(setup.gpu, setup.profile)
-    initial = policy.config if isinstance(policy, StaticPolicy) else SpecConfig()
+    initial = policy.config if isinstance(policy, StaticPolicy) else starting_config(setup)
     name = policy.name if isinstance(policy, StaticPolicy) else policy
     deployment = EmulatedDeployment(
         config=initial,
@@ -98,8 +112,8 @@ def run_policy(setup: Setup, world_seed: int, policy: StaticPolicy | str) -> Pol
     configs: list[str] = []
     decisions: list[str] = []
     observations: list[tuple[float, Observation]] = []
-    if name == SPECPILOT:
-        loop = control_loop(setup, deployment)
+    if name == SPECPILOT or name in ABLATIONS:
+        loop = control_loop(setup, deployment, ABLATIONS.get(name, {}))
         while deployment.now < setup.duration_s:
             window_start = deployment.now
             record = loop.tick(deployment.now)
@@ -125,11 +139,20 @@ def run_policy(setup: Setup, world_seed: int, policy: StaticPolicy | str) -> Pol
     )
 
 
-def tuner_settings(setup: Setup, nominal: StepCost) -> TunerSettings:
+def starting_config(setup: Setup) -> SpecConfig:
+    """`setup.tuning.initial` where the engine's space holds it, else speculation off."""
+    initial = setup.tuning.initial
+    return initial if initial in space_for(setup.engine) else SpecConfig()
+
+
+def tuner_settings(
+    setup: Setup, nominal: StepCost, overrides: Mapping[str, object] | None = None
+) -> TunerSettings:
     """What the operator would configure from a SpecDeployment with the bench's space and
-    `setup.tuning`: the nominal restart time (not the world's), the catalog's KV capacity."""
+    `setup.tuning`: the nominal restart time (not the world's), the catalog's KV capacity;
+    `overrides` (an ablation's) replace settings by name."""
     tuning = setup.tuning
-    return TunerSettings(
+    settings = TunerSettings(
         candidates=space_for(setup.engine),
         min_dwell_s=tuning.min_dwell_s,
         restart_budget_per_hour=tuning.restart_budget_per_hour,
@@ -141,13 +164,16 @@ def tuner_settings(setup: Setup, nominal: StepCost) -> TunerSettings:
         window_s=setup.window_s,
         kv_capacity_tokens=nominal.kv_capacity_tokens(),
     )
+    return replace(settings, **(overrides or {}))  # type: ignore[arg-type]
 
 
-def control_loop(setup: Setup, actuator: Actuator) -> ControlLoop:
+def control_loop(
+    setup: Setup, actuator: Actuator, overrides: Mapping[str, object] | None = None
+) -> ControlLoop:
     """The operator's ControlLoop as the bench runs it: nominal priors and roofline only."""
     nominal = StepCost.for_hardware(setup.gpu, setup.profile)
-    settings = tuner_settings(setup, nominal)
-    state = TunerState.initial(SpecConfig(), 0.0, prior_curves(settings.candidates))
+    settings = tuner_settings(setup, nominal, overrides)
+    state = TunerState.initial(starting_config(setup), 0.0, prior_curves(settings.candidates))
     return ControlLoop(
         actuator=actuator,
         settings=settings,

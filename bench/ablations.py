@@ -1,0 +1,96 @@
+"""Ablations: SpecPilot against itself with one component removed, in the same hidden worlds.
+
+Run: .venv/bin/python bench/ablations.py [--only NAME ...] [--worlds N]
+Each run is one `specpilot bench --policies ...` command over the yardstick's traffic (the
+Azure conversation trace at peak 1.2 and the Poisson sweep, vLLM dialect, surge rollout): no
+speculation, the full tuner and each ablation (operator/app/bench/policies.py, `ABLATIONS`):
+- specpilot:no-gp: the residual GP off, the shared offset kept (every config corrected alike);
+- specpilot:moving-average: acceptance as the running method's length averaged at rate 0.3
+  (tuner/policy/ablation.py), no (p, r) posterior and no task mix;
+- specpilot:no-exploration: no trials (exploration 0);
+- specpilot:no-schedules: no synthesised per-batch K schedules.
+Writes bench/results/ablations-NAME.json (the bench's report: commit, command, seeds) and
+ablations.md: per run, each policy's median-world figures and, per world, the mean E2E latency
+of each ablation over the full tuner's (above 1: the component paid for itself in that world).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from specpilot.operator.app.bench.policies import ABLATIONS, NO_SPEC, SPECPILOT
+from specpilot.operator.app.bench.report import markdown
+from specpilot.operator.app.cli import main as specpilot
+
+RESULTS = Path(__file__).resolve().parent / "results"
+AZURE = "bench/traces/azure_conv_2023.csv"
+VLLM = ["--gpu", "H100", "--model-profile", "llama-3.1-8b", "--engine", "vllm"]
+POLICIES = ",".join([NO_SPEC, SPECPILOT, *ABLATIONS])
+RUNS: dict[str, list[str]] = {
+    "azure-vllm-surge": ["--trace", AZURE, "--peak-load", "1.2", *VLLM, "--rollout", "surge"],
+    "poisson-vllm": ["--trace", AZURE, "--poisson", "0.1:1.3:7", *VLLM, "--rollout", "surge"],
+}
+
+
+def per_world_ratios(report: dict[str, Any]) -> dict[str, list[float]]:
+    """Per ablation, its mean E2E latency over the full tuner's in each (traffic, world)."""
+    ratios: dict[str, list[float]] = {name: [] for name in ABLATIONS}
+    for traffic in report["traffics"]:
+        for world in traffic["worlds"]:
+            full = world["policies"][SPECPILOT]["e2el_ms_mean"]
+            for name in ABLATIONS:
+                ablated = world["policies"][name]["e2el_ms_mean"]
+                ratios[name].append(round(ablated / full, 4) if full > 0 else float("nan"))
+    return ratios
+
+
+def section(name: str, report: dict[str, Any]) -> list[str]:
+    ratios = per_world_ratios(report)
+    lines = [
+        f"## {name}\n",
+        f"Command: `{report['command']}`  ",
+        f"Commit: {report['commit']}; seeds {report['seeds']}; wall {report['wall_s']} s.\n",
+        "Medians over worlds (and, for the Poisson sweep, over its rates):\n",
+        markdown(report["summary"]),
+        "\nMean E2E latency of each ablation over the full tuner's, per world"
+        + (" and rate" if len(report["traffics"]) > 1 else "")
+        + " (above 1: the component paid for itself there):\n",
+        "| ablation | worlds where it paid (> 1.005) | worlds where it cost (< 0.995) | "
+        "worst | best |",
+        "|---|---|---|---|---|",
+    ]
+    for ablation, values in ratios.items():
+        paid = sum(v > 1.005 for v in values)
+        cost = sum(v < 0.995 for v in values)
+        lines.append(
+            f"| {ablation} | {paid} of {len(values)} | {cost} of {len(values)} | "
+            f"{min(values):.3f} | {max(values):.3f} |"
+        )
+    return [*lines, ""]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--only", nargs="*", choices=sorted(RUNS), help="runs to redo")
+    parser.add_argument("--worlds", type=int, default=10)
+    ns = parser.parse_args(argv)
+    RESULTS.mkdir(exist_ok=True)
+    for name in ns.only or RUNS:
+        out = RESULTS / f"ablations-{name}.json"
+        args = [*RUNS[name], "--policies", POLICIES, "--worlds", str(ns.worlds)]
+        code = specpilot(["bench", *args, "--json", str(out)])
+        if code != 0:
+            raise SystemExit(f"{name}: specpilot bench exited {code}")
+    text = ["# Ablations\n", __doc__.split("\n\n", 1)[1].strip(), ""]
+    for name in RUNS:
+        out = RESULTS / f"ablations-{name}.json"
+        if out.exists():
+            text += section(name, json.loads(out.read_text(encoding="utf-8")))
+    (RESULTS / "ablations.md").write_text("\n".join(text) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
