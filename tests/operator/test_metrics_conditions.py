@@ -35,15 +35,23 @@ def rest(api: ApiServer) -> KubeRest:
     return KubeRest.from_config(str(api.operator_kubeconfig))
 
 
-@pytest.fixture
-def recorder() -> Iterator[tuple[str, list[str]]]:
-    """An HTTP server that records each request's path (and answers 404)."""
+ANSWERS: dict[str, tuple[int, bytes]] = {"404": (404, b"not found"), "garbage": (200, b"\xff{[")}
+
+
+@pytest.fixture(params=["404"])
+def recorder(request: pytest.FixtureRequest) -> Iterator[tuple[str, list[str]]]:
+    """An HTTP server that records each request's path and answers one way (404 unless a test
+    asks for another of ANSWERS: "garbage" is a 200 whose body is not JSON)."""
     seen: list[str] = []
+    code, body = ANSWERS[request.param]
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             seen.append(self.path)
-            self.send_error(404)
+            self.send_response(code)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
 
         def log_message(self, *_: Any) -> None:
             pass
@@ -83,15 +91,17 @@ def test_a_url_outside_the_allow_list_is_never_fetched(
     assert "lastDecision" not in spd(api, "nosy")["status"]
 
 
-def test_a_url_the_allow_list_names_is_fetched(
+@pytest.mark.parametrize("recorder", ["404", "garbage"], indirect=True)
+def test_a_url_the_allow_list_names_is_fetched_and_a_bad_answer_is_unavailable(
     api: ApiServer, rest: KubeRest, recorder: tuple[str, list[str]]
 ) -> None:
     url, seen = recorder
     reconcile(rest, create(api, "allowed", metrics={"source": "prometheus", "prometheusUrl": url}))
     policy = UrlAllowList.configured([url], env={})
     tune(rest, spd(api, "allowed"), now=later(), sleep=no_wait, url_policy=policy)
-    assert seen and seen[0].startswith("/api/v1/query")  # it asked; a 404 is no Prometheus
-    assert metrics_condition(api, "allowed")["reason"] == "PrometheusUnavailable"
+    assert seen and seen[0].startswith("/api/v1/query")  # it asked; that is no Prometheus
+    condition = metrics_condition(api, "allowed")
+    assert (condition["status"], condition["reason"]) == ("False", "PrometheusUnavailable")
 
 
 def test_prometheus_down_is_a_condition_and_one_event_and_ticking_goes_on(

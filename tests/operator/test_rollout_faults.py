@@ -108,6 +108,30 @@ def test_one_503_while_following_a_rollout_is_waited_out(api: ApiServer, rest: K
     assert "TunerSwitchFailed" not in events(api, "hiccup")
 
 
+@pytest.mark.parametrize(
+    ("method", "group", "version", "plural"),
+    [
+        ("patch", "specpilot.io", "v1alpha1", "specdeployments"),  # announcing the switch
+        ("get", "apps", "v1", "deployments"),  # reading the Deployment before the patch
+        ("patch", "apps", "v1", "deployments"),  # the template patch itself
+        ("get", "", "v1", "pods"),  # listing the new pods while following
+    ],
+)
+@pytest.mark.parametrize("status", [500, 503, 429])
+def test_one_transient_error_at_any_step_of_a_switch_is_waited_out(
+    api: ApiServer, rest: KubeRest, method: str, group: str, version: str, plural: str, status: int
+) -> None:
+    reconcile(rest, create(api, "step"))
+    fault = fail_next(api, method, group, version, plural, status=status)
+    make = real_rollouts(busy(), Controller(api, "step").sleep)
+    no_wait = lambda _: None  # noqa: E731 - the tick's own waits (its status write's retry)
+    outcome = tune(rest, spd_of(api, "step"), now=later(), make_actuator=make, sleep=no_wait)
+    assert fault.hits == 1
+    assert outcome is not None and outcome.applied, outcome
+    assert running_config(api, "step") != INITIAL
+    assert stored(api, "step").get("failed", []) == []
+
+
 def test_an_outage_past_the_retry_budget_is_a_failed_rollout(
     api: ApiServer, rest: KubeRest
 ) -> None:
