@@ -73,7 +73,10 @@ def test_more_objects_than_kopf_workers_all_tick_and_take_edits(
     with httpx.Client(base_url=api.url, timeout=10) as http:
         for name in names:
             assert http.post(SPD_PATH, json=spd(name)).status_code == 201
-        deployment = lambda n: api.get("apps", "deployments", "default", n)  # noqa: E731
+
+        def deployment(name: str) -> Any:
+            return api.get("apps", "deployments", "default", name)
+
         wait_for(lambda: not _missing(names, deployment), 30, 1.0, "every Deployment")
         # every daemon runs at once: each has ticked (a tick always writes lastDecision)
         ticked = lambda n: "lastDecision" in _status(api, n)  # noqa: E731

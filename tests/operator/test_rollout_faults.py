@@ -13,8 +13,17 @@ from typing import Any
 import pytest
 from kube.apiserver import ApiServer, running_apiserver
 from kube.chart import operator_rules
-from kube.faults import fail_next
-from tuning_helpers import Controller, busy, create, events, later, real_rollouts, running_config
+from kube.faults import Fault, fail_next
+from tuning_helpers import (
+    Controller,
+    RealRollouts,
+    busy,
+    create,
+    events,
+    later,
+    real_rollouts,
+    running_config,
+)
 from tuning_helpers import spd as spd_of
 
 from specpilot.operator.api.spec import decode_spec
@@ -90,7 +99,7 @@ def test_the_loop_lets_a_stop_through_without_rolling_back(api: ApiServer) -> No
 def test_one_503_while_following_a_rollout_is_waited_out(api: ApiServer, rest: KubeRest) -> None:
     reconcile(rest, create(api, "hiccup"))
     controller = Controller(api, "hiccup")
-    faults = []
+    faults: list[Fault] = []
 
     def after_the_patch(sleeps: int) -> None:  # the first wait is the first poll of the rollout
         if sleeps == 1:
@@ -137,7 +146,7 @@ def test_an_outage_past_the_retry_budget_is_a_failed_rollout(
 ) -> None:
     reconcile(rest, create(api, "outage"))
     controller = Controller(api, "outage")
-    faults = []
+    faults: list[Fault] = []
 
     def after_the_patch(sleeps: int) -> None:
         if sleeps == 1:  # every attempt of one read fails: the first and each retry
@@ -188,7 +197,7 @@ def test_a_rollout_left_in_flight_is_seen_through_by_the_next_operator(
 ) -> None:
     now = later()
     target = killed_mid_rollout(api, rest, "resumed", now)
-    controller, made = Controller(api, "resumed"), []
+    controller, made = Controller(api, "resumed"), list[RealRollouts]()
     make = real_rollouts(busy(), controller.sleep, made)
     outcome = tune(rest, spd_of(api, "resumed"), now=now + 5, make_actuator=make)
     assert outcome is not None and outcome.action == "switch" and "resumed" in outcome.reason
@@ -221,10 +230,8 @@ def test_a_crash_looping_config_left_in_flight_is_rolled_back_by_the_next_operat
 def test_a_kill_during_the_rollback_resumes_the_rollback(api: ApiServer, rest: KubeRest) -> None:
     now = later()
     target = killed_mid_rollout(api, rest, "twice", now)
-    calls = []
 
     def dies_in_the_rollback(seconds: float) -> None:
-        calls.append(seconds)
         if running_config(api, "twice") == INITIAL:  # the rollback's patch is made
             raise Stopping("SIGKILL again")
         crashing.sleep(seconds)
