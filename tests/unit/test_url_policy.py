@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from specpilot.operator.app.cli import main
 from specpilot.operator.kube.url_policy import ALLOW_ENV, FIELD, FLAG, UrlAllowList
 from specpilot.tuner import ConfigError
 
@@ -94,3 +95,12 @@ def test_a_bad_prefix_names_where_it_came_from(
     with pytest.raises(ConfigError) as refused:
         UrlAllowList.configured(flags, env=env)
     assert refused.value.field == source and "http(s) URL prefix" in str(refused.value)
+
+
+def test_the_operator_command_refuses_a_bad_prefix_in_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["operator", "--standalone", "--prometheus-url-allow", "ftp://prom"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("error: --prometheus-url-allow='ftp://prom' is invalid")
+    assert "Traceback" not in error
