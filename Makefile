@@ -91,3 +91,21 @@ lint: $(VENV)/.installed
 
 clean:
 	rm -rf $(VENV) .venvs .tools .cache
+
+.PHONY: image image-constraints
+
+IMAGE_TOOLS := buildah debootstrap skopeo umoci
+
+# The operator and emulator images from ./Dockerfile, without a Docker daemon: buildah (vfs
+# storage, chroot isolation) over a Debian bookworm base made by debootstrap, each image run,
+# and what happened written to image/BUILD-RESULT.md (commit it). Needs root and a few minutes,
+# so it is not part of `make test`; tests/operator/test_image.py checks that the committed record
+# is of the Dockerfile and constraints as they are.
+image:
+	dpkg -s $(IMAGE_TOOLS) >/dev/null 2>&1 || { apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(IMAGE_TOOLS); }
+	image/build.sh
+
+# The image's pins, from the environment the tests pass in.
+image-constraints: $(VENV)/.installed
+	$(VENV)/bin/python image/pin_constraints.py
