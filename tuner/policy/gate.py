@@ -1,11 +1,12 @@
 """Gate: whether a proposal is worth acting on now.
 
 Contract: `gate(proposal, running, belief, settings, cost, now)` returns the reason to stay, or
-None to act. A move waits out the minimum dwell after the tuner's last switch (its first move
-does not wait) and the restart budget (restarts in the last hour), and must clear the hurdle
-(hysteresis, or the smaller saturation tolerance at max-num-seqs) and pay, over the expected
-dwell, for the restart: its lost serving (twice for a trial that may be undone, weighted by
-its chance of failing) plus the SLO backlog it leaves.
+None to act. A move waits out the minimum dwell (from the tuner's last switch, or from the
+start: one window of a fresh deployment does not tell the load ahead) and the restart budget
+(restarts in the last hour), and must clear the hurdle (hysteresis, or the smaller saturation
+tolerance at max-num-seqs) and pay, over the expected dwell, for the restart: its lost serving
+(twice for a trial that may be undone, weighted by its chance of failing) plus the SLO backlog
+it leaves.
 Pure: `now` is the only clock.
 """
 
@@ -38,9 +39,7 @@ def gate(
 ) -> str | None:
     target, gain = proposal.config.describe(), proposal.gain
     dwell = now - belief.state.since_s
-    # The dwell keeps the tuner from undoing its own moves before they are measured; the
-    # config a deployment starts with is not one of them (one window already measured it).
-    if belief.state.restarts and dwell < settings.min_dwell_s:
+    if dwell < settings.min_dwell_s:
         return (
             f"{target} predicted {gain:+.1%} but dwell {dwell:.0f}s < "
             f"minimum {settings.min_dwell_s:.0f}s"
