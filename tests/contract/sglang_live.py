@@ -82,13 +82,38 @@ class LiveServer:
     command: list[str]
 
 
+@dataclass(frozen=True)
+class Greedy:
+    """The plain server's greedy output for one prompt, with its two likeliest tokens and their
+    log-probabilities at every output position."""
+
+    output_ids: list[int]
+    top2: list[list[tuple[float, int]]]
+
+    def first_difference(self, other: Sequence[int]) -> int | None:
+        """The first position where `other` leaves this output; None if it never does."""
+        for position, (mine, theirs) in enumerate(zip(self.output_ids, other, strict=True)):
+            if mine != theirs:
+                return position
+        return None
+
+    def tie_gap(self, position: int, token: int) -> float | None:
+        """How far below this position's likeliest token `token` is (in nats), when it is one
+        of the two likeliest; None when it is not (not a tie, whatever the numerics)."""
+        top = self.top2[position]
+        for logprob, candidate in top:
+            if candidate == token:
+                return top[0][0] - logprob
+        return None
+
+
 @dataclass
 class ServerPool:
     """At most one live SGLang server; `get` starts the named one, stopping any other."""
 
     workdir: Path
     live: LiveServer | None = None
-    greedy_outputs: dict[str, list[int]] = field(default_factory=dict)
+    greedy_outputs: dict[str, Greedy] = field(default_factory=dict)
 
     def get(self, name: str) -> LiveServer:
         live = self.live
@@ -133,33 +158,49 @@ class ServerPool:
             self.live.process.stop()
             self.live = None
 
-    def reference_outputs(self) -> dict[str, list[int]]:
-        """Greedy output ids of the plain server for PROMPTS (started if not yet measured)."""
+    def reference_outputs(self) -> dict[str, Greedy]:
+        """The plain server's greedy outputs for PROMPTS (started if not yet measured)."""
         if not self.greedy_outputs:
             plain = self.get("plain")
             with httpx.Client(timeout=300) as client:
                 for prompt in PROMPTS:
-                    self.greedy_outputs[prompt] = generate(client, plain.url, prompt, 48)[
-                        "output_ids"
-                    ]
+                    result = generate(client, plain.url, prompt, 48, top_logprobs=2)
+                    self.greedy_outputs[prompt] = Greedy(
+                        result["output_ids"],
+                        [
+                            [(float(lp), int(token)) for lp, token, *_ in top]
+                            for top in result["meta_info"]["output_top_logprobs"]
+                        ],
+                    )
         return self.greedy_outputs
 
 
 def generate(
-    client: httpx.Client, url: str, prompt: str, max_new_tokens: int, temperature: float = 0.0
+    client: httpx.Client,
+    url: str,
+    prompt: str,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    top_logprobs: int = 0,
 ) -> dict[str, Any]:
-    """SGLang's native /generate; its meta_info carries the per-request speculative counts."""
-    body = {
+    """SGLang's native /generate; its meta_info carries the per-request speculative counts,
+    and with `top_logprobs` the likeliest tokens at each output position
+    (meta_info["output_top_logprobs"]: [logprob, token id, text] lists)."""
+    body: dict[str, Any] = {
         "text": prompt,
         "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": temperature},
     }
+    if top_logprobs:
+        body |= {"return_logprob": True, "top_logprobs_num": top_logprobs}
     response = client.post(f"{url}/generate", json=body)
     response.raise_for_status()
     result: dict[str, Any] = response.json()
     return result
 
 
-def run_concurrently(work: Callable[[httpx.Client, int], dict[str, Any]], jobs: int, workers: int):
+def run_concurrently(
+    work: Callable[[httpx.Client, int], dict[str, Any]], jobs: int, workers: int
+) -> list[dict[str, Any]]:
     """Run `work(client, job)` for every job on `workers` threads; results in job order."""
     results: list[dict[str, Any] | None] = [None] * jobs
     queue = list(range(jobs))
@@ -218,8 +259,113 @@ class Scraper:
             self.snapshots.append(fetch_snapshot(client, f"{self.url}/metrics", time.time()))
 
 
+@dataclass(frozen=True)
+class Served:
+    """One /generate request: when the client sent it and got the answer (wall clock), and the
+    server's meta_info for it."""
+
+    sent_s: float
+    returned_s: float
+    meta: dict[str, Any]
+
+    def held(self) -> tuple[float, float]:
+        """The wall-clock span the scheduler held the request: its first forward pass to its
+        finish. With --enable-metrics SGLang 0.5.23 returns both as real time in meta_info
+        (forward_entry_time from the scheduler, request_finished_ts from the tokenizer); they
+        come from per-request timestamps, not from /metrics, so they check the reader's
+        integrals from outside."""
+        return float(self.meta["forward_entry_time"]), float(self.meta["request_finished_ts"])
+
+
+class GenerateLoop:
+    """`users` closed-loop clients, each keeping one greedy /generate in flight: the next is
+    sent as soon as the last returns. Lengths vary (32-80 tokens, EOS ignored) so users drift
+    apart instead of finishing in lockstep. Leaving the block lets every request in flight
+    finish, so `served` holds every request that overlapped any window taken inside it."""
+
+    def __init__(self, url: str, users: int) -> None:
+        self.url = url
+        self.users = users
+        self.served: list[Served] = []
+        self.errors: list[BaseException] = []
+        self._per_user = [0] * users
+        self._changed = threading.Condition()
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, args=(u,)) for u in range(users)]
+
+    def _run(self, user: int) -> None:
+        with httpx.Client(timeout=600) as client:
+            while not self._stop.is_set():
+                sent = self._per_user[user]
+                body = {
+                    "text": PROMPTS[(user + sent) % len(PROMPTS)],
+                    "sampling_params": {
+                        "max_new_tokens": 32 + (user * 7 + sent * 13) % 49,
+                        "temperature": 0.0,
+                        "ignore_eos": True,
+                    },
+                }
+                started = time.time()
+                try:
+                    response = client.post(f"{self.url}/generate", json=body)
+                    response.raise_for_status()
+                except BaseException as exc:  # surfaced by wait_for and on exit
+                    with self._changed:
+                        self.errors.append(exc)
+                        self._changed.notify_all()
+                    return
+                returned = time.time()
+                with self._changed:
+                    self.served.append(Served(started, returned, response.json()["meta_info"]))
+                    self._per_user[user] += 1
+                    self._changed.notify_all()
+
+    def finished(self) -> int:
+        with self._changed:
+            return len(self.served)
+
+    def wait_for(self, finished: int, each_user: int = 0, timeout_s: float = 900) -> None:
+        """Until `finished` requests in all have returned, and `each_user` from every user.
+        The timeout only stops a hung server; nothing here is timed."""
+        deadline = time.monotonic() + timeout_s
+        with self._changed:
+            while len(self.served) < finished or min(self._per_user) < each_user:
+                assert not self.errors, self.errors[0]
+                left = deadline - time.monotonic()
+                assert left > 0, f"{len(self.served)} of {finished} requests after {timeout_s}s"
+                self._changed.wait(min(left, 5.0))
+
+    def __enter__(self) -> GenerateLoop:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join()
+        assert not self.errors, self.errors[0]
+
+
+def mean_in_window(spans: Sequence[tuple[float, float]], start: float, end: float) -> float:
+    """The time integral of how many spans are open, over [start, end], divided by its length:
+    each span counts only its part inside the window (no edge rounding)."""
+    inside = sum(max(0.0, min(b, end) - max(a, start)) for a, b in spans)
+    return inside / (end - start)
+
+
+def peak_open(spans: Sequence[tuple[float, float]]) -> int:
+    """The most spans open at one instant."""
+    events = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans])
+    open_now = peak = 0
+    for _, step in events:  # at equal times an end (-1) sorts first: touching is not overlap
+        open_now += step
+        peak = max(peak, open_now)
+    return peak
+
+
 def series_sum(snapshot: Snapshot, name: str) -> float:
-    return sum(snapshot.series(name).values())
+    return float(sum(snapshot.series(name).values()))
 
 
 def gauge_values(snapshots: Sequence[Snapshot], name: str) -> list[float]:
