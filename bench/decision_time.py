@@ -8,7 +8,9 @@ the residual store fills up as it would over a long run.
 from __future__ import annotations
 
 import json
+import os
 import statistics
+import subprocess
 import time
 from pathlib import Path
 
@@ -41,6 +43,7 @@ def main() -> None:
     state = TunerState.initial(SpecConfig(), 0.0, priors)
     decide(_observation(state, cost, 1.0), state, settings, cost, 0.0)  # imports, warm-up
     timings = []
+    load_before = round(os.getloadavg()[0], 2)  # a busy host slows every decision alike
     for tick in range(1000):
         batch = 1 + (tick * 37) % 300
         obs = _observation(state, cost, float(batch))
@@ -48,6 +51,12 @@ def main() -> None:
         _, state = decide(obs, state, settings, cost, 60.0 * (tick + 1))
         timings.append(time.perf_counter() - started)
     report = {
+        "commit": _commit(),
+        "command": ".venv/bin/python bench/decision_time.py",
+        "seeds": "none drawn: the observations are the tuner's own physics at batches "
+        "1 + (37 x tick) mod 300",
+        "load_average_1m_before_after": [load_before, round(os.getloadavg()[0], 2)],
+        "cpus": os.cpu_count(),
         "observations": len(timings),
         "median_ms": round(statistics.median(timings) * 1e3, 3),
         "p95_ms": round(sorted(timings)[int(0.95 * len(timings))] * 1e3, 3),
@@ -57,6 +66,16 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "decision_time.json").write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))
+
+
+def _commit() -> str | None:
+    try:
+        done = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=10
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip()
 
 
 def _observation(state: TunerState, cost: StepCost, batch: float) -> Observation:
