@@ -81,11 +81,13 @@ done
 
 step "3. buildah run, as the image's user"
 run_in() {  # image, command...
-    local image=$1 container
+    local image=$1 container status=0
     shift
     container=$("${BUILDAH[@]}" from --pull=never "$image")
-    capture "${BUILDAH[@]}" run --isolation chroot "$container" -- "$@"
-    "${BUILDAH[@]}" rm "$container" >/dev/null
+    OUT_TEXT=$("${BUILDAH[@]}" run --isolation chroot "$container" -- "$@" 2>&1) || status=$?
+    echo "$OUT_TEXT" >>"$LOG"
+    "${BUILDAH[@]}" rm "$container" >/dev/null  # a failed command leaves no container behind
+    [ "$status" = 0 ] || { echo "error: $* failed in $image (exit $status)" >&2; exit 1; }
 }
 run_in "$OPERATOR" id -u && uid=$OUT_TEXT
 run_in "$OPERATOR" specpilot --version && version_out=$OUT_TEXT
@@ -108,6 +110,30 @@ chroot_version=$OUT_TEXT
 capture chroot --userspec=65532:65532 "$WORK/bundle/rootfs" /usr/bin/env -i \
     PATH=/opt/specpilot/bin:/usr/bin:/bin HOME=/tmp specpilot operator --help
 chroot_help_lines=$(echo "$OUT_TEXT" | wc -l)
+
+step "4b. the same root filesystem read-only, /tmp a tmpfs (the chart's readOnlyRootFilesystem)"
+readonly_root=$WORK/readonly-root
+mkdir -p "$readonly_root"
+mount --bind "$WORK/bundle/rootfs" "$readonly_root"
+mount -o remount,bind,ro "$readonly_root"
+mount -t tmpfs tmpfs "$readonly_root/tmp"
+in_readonly() {
+    chroot --userspec=65532:65532 "$readonly_root" /usr/bin/env -i PATH=/opt/specpilot/bin:/usr/bin:/bin \
+        HOME=/tmp MPLCONFIGDIR=/tmp/matplotlib PYTHONDONTWRITEBYTECODE=1 "$@"
+}
+status=0
+in_readonly sh -c 'touch /opt/specpilot/probe' >>"$LOG" 2>&1 || status=$?
+# the operator's whole import graph (kopf, the kubernetes client, the handlers) on it
+imports=$(in_readonly python -c "import specpilot.operator.kube.handlers; print('imported')" 2>&1) ||
+    imports="failed: $imports"
+# no cluster: one error line and exit 2, not kopf retrying a login forever
+unreachable_status=0
+unreachable=$(in_readonly specpilot operator --standalone --liveness-port 0 --metrics-port 0 \
+    --kubeconfig /nonexistent 2>&1) || unreachable_status=$?
+umount "$readonly_root/tmp"
+umount "$readonly_root"
+[ "$status" != 0 ] || { echo "error: the read-only root filesystem was writable" >&2; exit 1; }
+echo "$imports" "$unreachable" >>"$LOG"
 
 step "5. sizes"
 sizes=$("${BUILDAH[@]}" images --format '{{.Name}}:{{.Tag}} {{.Size}}' | grep -E "specpilot(-emulator|-base)?:")
@@ -155,5 +181,10 @@ constraints_sha=$(sha256sum "$ROOT/image/constraints.txt" | cut -d' ' -f1)
     echo "The OCI-layout path (\`umoci unpack\`, then \`chroot --userspec=65532:65532\`):"
     echo "\`specpilot --version\` printed \`$chroot_version\`; \`specpilot operator --help\`"
     echo "printed $chroot_help_lines lines."
+    echo
+    echo "The same root filesystem bind-mounted read-only with a tmpfs on /tmp (the chart's"
+    echo "readOnlyRootFilesystem and its /tmp emptyDir): writing under /opt failed (exit $status);"
+    echo "importing the operator's handlers printed \`$imports\`; \`specpilot operator --kubeconfig"
+    echo "/nonexistent\` exited $unreachable_status, printing \`$unreachable\`."
 } >"$RESULT"
 echo "wrote $RESULT" >&2

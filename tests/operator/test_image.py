@@ -123,3 +123,6 @@ def test_the_build_record_is_of_this_dockerfile_and_these_constraints() -> None:
     # what `specpilot --version` printed in the image, run by buildah and from the OCI layout
     assert record.count(f"specpilot {version}") >= 2, record
     assert "(`id -u`: 65532)" in record
+    # on a read-only root filesystem the operator imports, and an unreachable cluster is one line
+    assert "importing the operator's handlers printed `imported`" in record
+    assert "/nonexistent` exited 2, printing `error: cannot load Kubernetes credentials" in record
