@@ -1,4 +1,5 @@
-"""The chart's values as a user sets them, with the real helm: every tested values file renders
+"""The chart's values as a user sets them, with the real helm: every tested values file passes
+`helm lint --strict` and renders
 objects valid for the oldest Kubernetes the chart supports and the newest kubernetes-validate
 knows; values.schema.json refuses bad values with a message naming them; namespaced mode, the
 aggregated roles, the CRD upgrade path and NOTES.txt do what they say."""
@@ -50,6 +51,12 @@ def test_there_are_values_files_for_each_setup() -> None:
     names = {path.name for path in VALUES_FILES}
     assert {"namespaced-values.yaml", "monitoring-values.yaml"} <= names
     assert {"emulator-values.yaml", "gpu-pool-values.yaml"} <= names
+
+
+@pytest.mark.parametrize("values", VALUES_FILES, ids=lambda v: v.stem)
+def test_helm_lint_strict_with_each_values_file(tmp_path: Path, values: Path) -> None:
+    out = helm(tmp_path, "lint", "--strict", str(CHART), "-f", str(values))
+    assert "0 chart(s) failed" in out
 
 
 @pytest.mark.parametrize("values", [None, *VALUES_FILES], ids=lambda v: v.stem if v else "default")
