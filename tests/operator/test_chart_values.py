@@ -1,8 +1,8 @@
 """The chart's values as a user sets them, with the real helm: every tested values file passes
-`helm lint --strict` and renders
-objects valid for the oldest Kubernetes the chart supports and the newest kubernetes-validate
-knows; values.schema.json refuses bad values with a message naming them; namespaced mode, the
-aggregated roles, the CRD upgrade path and NOTES.txt do what they say."""
+`helm lint --strict` and renders objects valid for the oldest Kubernetes the chart supports and
+the newest kubernetes-validate knows; values.schema.json refuses bad values with a message
+naming them; namespaced mode, the aggregated roles, the CRD upgrade path and NOTES.txt do what
+they say."""
 
 from __future__ import annotations
 
