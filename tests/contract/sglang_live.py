@@ -279,7 +279,7 @@ class Served:
 
 class GenerateLoop:
     """`users` closed-loop clients, each keeping one greedy /generate in flight: the next is
-    sent as soon as the last returns. Lengths vary (32-80 tokens, EOS ignored) so users drift
+    sent as soon as the last returns. Lengths vary (24-56 tokens, EOS ignored) so users drift
     apart instead of finishing in lockstep. Leaving the block lets every request in flight
     finish, so `served` holds every request that overlapped any window taken inside it."""
 
@@ -300,7 +300,7 @@ class GenerateLoop:
                 body = {
                     "text": PROMPTS[(user + sent) % len(PROMPTS)],
                     "sampling_params": {
-                        "max_new_tokens": 32 + (user * 7 + sent * 13) % 49,
+                        "max_new_tokens": 24 + (user * 7 + sent * 13) % 33,
                         "temperature": 0.0,
                         "ignore_eos": True,
                     },
