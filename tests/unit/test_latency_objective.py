@@ -26,7 +26,10 @@ from specpilot.tuner.policy.latency import (
     throughput_at,
 )
 from specpilot.tuner.policy.latency_proposal import (
+    BACKLOG_BATCH_RATIO,
+    BACKLOG_MIN_BATCH,
     BEYOND_SATURATION,
+    behind,
     demand_ahead,
     offered_demand,
 )
@@ -191,6 +194,27 @@ def test_an_overloaded_speculative_config_is_left_for_more_capacity() -> None:
     # predicted per-sequence speed at full batch: no speculation is faster there
     assert decision.predicted_gain > 0
     assert math.isfinite(decision.predicted_gain)
+
+
+def test_a_batch_far_above_the_steady_one_reads_as_an_engine_behind_its_demand() -> None:
+    curve = load_curves([NO_SPEC], Surrogate(COST, PRIORS), CONTEXT, settings())[0]
+    demand = throughput_at(curve, 32.0)
+    assert not behind(40.0, curve, demand)  # about the batch that serves the demand
+    assert behind(BACKLOG_BATCH_RATIO * 32.0 * 1.1, curve, demand)
+    small = throughput_at(curve, 4.0)
+    assert not behind(BACKLOG_MIN_BATCH * 0.9, curve, small)  # too few to tell a backlog
+    # At batch 32 EAGLE-3 would be faster if the load held (the test above); the same
+    # tokens/s served at three times the batch is a backlog: no move to less capacity.
+    chosen = settings("latency", windows=7)
+    state = replace(TunerState.initial(NO_SPEC, 0.0, PRIORS), restarts=(0.0,))
+    steady = window(NO_SPEC, 32.0)
+    for i in range(6):
+        _, state = decide(steady, state, chosen, COST, 60.0 * (i + 1))
+    backlog = replace(steady, running_requests=96.0)
+    held, _ = decide(backlog, state, chosen, COST, 420.0)
+    assert held.action == "stay", held.reason
+    moved, _ = decide(steady, state, chosen, COST, 420.0)
+    assert moved.config == EAGLE, moved.reason
 
 
 def test_throughput_keeps_todays_behaviour() -> None:
