@@ -3,7 +3,8 @@
 Contract: `ControlLoop.tick(now)` observes one window through the actuator, asks the tuner
 for a decision, applies a switch through the actuator and records what happened; a switch the
 engine cannot start is rolled back to the previous config and that config is not tried again
-for `failed_backoff_s`. Only an `Exception` from `apply` counts as a refusal: a
+for `failed_backoff_s`. A trial (the tuner exploring) goes through `TrialActuator.apply_trial`
+where the actuator has it. Only an `Exception` from `apply` counts as a refusal: a
 BaseException (the operator stopping mid-rollout) passes through untouched, the switch left in
 flight and nothing rolled back or backed off. The loop owns no clock: `now` comes from the
 caller.
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from specpilot.tuner import (
     Decision,
@@ -38,6 +39,15 @@ class Actuator(Protocol):
         """Run `config`; raise if the engine cannot start it."""
 
     def observe(self, window_s: float) -> Observation: ...
+
+
+@runtime_checkable
+class TrialActuator(Protocol):
+    """An actuator that can measure a trial at less risk than a switch (the Kubernetes one: a
+    one-replica canary beside the main pods); the loop applies the tuner's trials through it."""
+
+    def apply_trial(self, config: SpecConfig) -> None:
+        """Run `config` as a trial; raise, leaving the running config, if it disappoints."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +112,10 @@ class ControlLoop:
         record = TickRecord(now, observation, decision, applied=False)
         if decision.config != previous.current:
             try:
-                self.actuator.apply(decision.config)
+                if decision.trial and isinstance(self.actuator, TrialActuator):
+                    self.actuator.apply_trial(decision.config)
+                else:
+                    self.actuator.apply(decision.config)
                 self.state = state
                 record = replace(record, applied=True)
                 self._pending = self._pending_check(observation, decision, previous.current)

@@ -11,8 +11,9 @@ Contract (operator/loop.py `Actuator`, plus what rollouts need):
   catches the error, re-applies the previous config (which is this same call, so the rollback
   is followed the same way), marks the config failed and backs off. A missing Deployment is
   created. Applying the config that already runs is a cheap no-op (no patch, one status read).
-- With `canary` on and at least 2 main replicas, a new config first runs as a 1-replica
-  `<name>-canary` Deployment (role "canary", same Service). Once Ready, the canary pods and
+- With `canary` on (or for a trial, `apply_trial`: the tuner exploring) and at least 2 main
+  replicas, a new config first runs as a 1-replica `<name>-canary` Deployment (role
+  "canary", same Service). Once Ready, the canary pods and
   the main pods are observed over `canary_window_s` and compared per pod by per-sequence
   speed (tokens/s over running requests: the Service spreads requests evenly, so every pod
   generates about the same tokens/s whatever its speed, and speed shows in how long each
@@ -130,13 +131,22 @@ class KubeActuator:
         return f"{self.name}-canary"
 
     def apply(self, config: SpecConfig) -> None:
+        self._apply(config, canary=self.canary)
+
+    def apply_trial(self, config: SpecConfig) -> None:
+        """A trial goes through the canary whether or not the spec asks for canaries: with two
+        or more main replicas it runs at one replica's share of the traffic, and one that
+        disappoints raises CanaryRejected with the main pods untouched."""
+        self._apply(config, canary=True)
+
+    def _apply(self, config: SpecConfig, *, canary: bool) -> None:
         main = self.render(config, "main")
         live = self._call(lambda: self.api.read_deployment(self.namespace, self.name))
         if self.config is None and live is not None:
             self.config = _live_config(live)  # what ran before this actuator changed anything
         changes = live is None or not _same_template(live, main)
         # Going back to the config that ran (a rollback) needs no canary: it was serving.
-        canary = changes and self.canary and config != self.config
+        canary = changes and canary and config != self.config
         try:
             if canary and live is not None and _replicas(live) >= 2:
                 self._try_canary(config)

@@ -47,7 +47,7 @@ from specpilot.operator.kube.retry import with_retries
 from specpilot.operator.kube.status import EVENT_REASONS, post_event, tick_status, write_status
 from specpilot.operator.kube.url_policy import FIELD as URL_FIELD
 from specpilot.operator.kube.url_policy import UrlAllowList
-from specpilot.operator.loop import Actuator, ControlLoop, TickRecord
+from specpilot.operator.loop import Actuator, ControlLoop, TickRecord, TrialActuator
 from specpilot.runtime.promql import PromQLError, PromQLReader
 from specpilot.tuner import (
     Decision,
@@ -165,6 +165,13 @@ class _Announcing:
     def apply(self, config: SpecConfig) -> None:
         self._on_apply(config)
         self._inner.apply(config)
+
+    def apply_trial(self, config: SpecConfig) -> None:
+        self._on_apply(config)
+        if isinstance(self._inner, TrialActuator):
+            self._inner.apply_trial(config)
+        else:
+            self._inner.apply(config)
 
     def observe(self, window_s: float) -> Observation:
         return self._inner.observe(window_s)

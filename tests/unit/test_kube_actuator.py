@@ -27,6 +27,7 @@ from specpilot.tuner import (
     Observation,
     SpecConfig,
     StepCost,
+    StepTimeModel,
     TunerSettings,
     TunerState,
     acceptance_curve,
@@ -377,3 +378,72 @@ def test_for_spec_renders_with_children_and_adopts_what_it_creates() -> None:
     assert act.render_sidecar is not None
     sidecar = act.render_sidecar(scheduled, "main")
     assert sidecar is not None and sidecar["metadata"]["ownerReferences"][0]["name"] == "llm"
+
+
+def test_a_trial_runs_on_a_canary_even_where_the_spec_asks_for_none() -> None:
+    faster = PerPodMetrics(
+        lambda t: 150.0 if t.config and t.config["method"] == "eagle3" else 100.0
+    )
+    cluster = FakeCluster(controller=settle)
+    act = actuator(cluster, faster, canary_window_s=10)  # canary off in the spec
+    act.apply(SpecConfig())
+    act.apply_trial(EAGLE)
+    assert act.last_canary is not None and act.last_canary.promoted
+    assert "llm-canary" in cluster.deleted and act.config == EAGLE
+    # a disappointing trial never touches the main pods: the canary alone measured it
+    act.metrics = PerPodMetrics(
+        lambda t: 50.0 if t.config and t.config["method"] == "ngram" else 100.0
+    )
+    with pytest.raises(CanaryRejected):
+        act.apply_trial(SpecConfig(method="ngram", num_speculative_tokens=3))
+    assert act.config == EAGLE and cluster.patches == ["llm"]
+    # a switch that is not a trial follows the spec: no canary
+    act.metrics = faster
+    act.apply(SpecConfig())
+    assert cluster.patches == ["llm", "llm"] and "llm-canary" not in cluster.deployments
+
+
+@dataclass
+class TrialRecordingActuator(ScriptedActuator):
+    trials: list[SpecConfig] = field(default_factory=list)
+    batch: float = 2.0
+
+    def apply_trial(self, config: SpecConfig) -> None:
+        self.trials.append(config)
+        self.applied.append(config)
+
+    def observe(self, window_s: float) -> Observation:
+        served = super().observe(window_s)
+        tokens_per_s = served.generation_tokens_per_s or 0.0
+        return replace(served, running_requests=self.batch, prompt_tokens_per_s=0.2 * tokens_per_s)
+
+
+def test_the_loop_sends_the_tuners_trials_through_apply_trial() -> None:
+    # n-gram's chat prior is level with no speculation on an affine CPU fit at batch 1, wide
+    # spread: the tuner tries it (tests/unit/test_exploration.py); a switch it is sure of is
+    # an ordinary apply
+    fit = StepTimeModel(fixed_s=5.98e-3, per_token_s=0.791e-3, per_kv_token_s=0.0)
+    ngram = SpecConfig(method="ngram", num_speculative_tokens=3)
+    act = TrialRecordingActuator({"none": 115.0, "ngram": 115.0}, batch=1.0)
+    loop = ControlLoop(
+        actuator=act,
+        settings=TunerSettings(
+            candidates=(SpecConfig(), ngram),
+            min_dwell_s=0,
+            synthesize_schedules=False,
+            restart_downtime_s=20.0,
+            window_s=10.0,
+        ),
+        cost=StepCost.from_fit(fit, "H100", "llama-3.1-8b"),
+        state=TunerState.initial(SpecConfig(), 0.0, {"ngram": acceptance_curve("ngram", "chat")}),
+        window_s=10.0,
+    )
+    loop.start()
+    record = loop.tick(100.0)
+    assert record.applied and record.decision.trial and record.decision.config == ngram
+    assert act.trials == [ngram]
+    sure = goodput_loop(TrialRecordingActuator({"none": 200.0, "eagle3": 420.0}))
+    sure.start()
+    switched = sure.tick(100.0)
+    assert switched.applied and not switched.decision.trial
+    assert isinstance(sure.actuator, TrialRecordingActuator) and sure.actuator.trials == []

@@ -37,6 +37,9 @@ class Decision:
     speed_checked: bool = True
     """Whether the first window after the switch should show `predicted_gain` in per-sequence
     speed (False for a move made for capacity: under a queue the batch grows whatever runs)."""
+    trial: bool = False
+    """A move made to learn (exploring): an actuator with replicas to spare measures it on a
+    one-replica canary first, at that replica's share of the traffic's risk."""
 
 
 def decide(
@@ -76,6 +79,7 @@ def decide(
         regime=running.regime,
         predicted_tokens_per_s=predicted.tokens_per_s,
         speed_checked=not proposal.for_capacity,
+        trial=proposal.trial,
     ), replace(state, current=target, since_s=now, restarts=restarts)
 
 

@@ -151,6 +151,7 @@ def propose_for_latency(
         improvement=improvement,
         gain=improvement / served,
         trial_failure=trial_failure,
+        trial=True,
         why=(
             f"exploring (expected improvement less the expected loss over a "
             f"{trial_span_s(settings):.0f}s trial, {trial_failure:.0%} chance it is slower)"

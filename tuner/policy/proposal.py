@@ -40,6 +40,8 @@ class Proposal:
     is not what it promises (under a queue the batch grows whatever the config)."""
     detail: str | None = None
     """What the objective compared, for the decision's reason (None: tokens/s at the batch)."""
+    trial: bool = False
+    """Made to learn (an exploration), not because it is predicted better on the mean."""
 
 
 def explore(

@@ -72,6 +72,7 @@ def propose(
         improvement=improvement,
         gain=improvement / running.tokens_per_s,
         trial_failure=trial_failure,
+        trial=True,
         why=(
             f"exploring (expected improvement less the expected loss over a "
             f"{trial_span_s(settings):.0f}s trial, {trial_failure:.0%} chance it is slower)"
