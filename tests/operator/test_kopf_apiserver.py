@@ -162,7 +162,10 @@ def test_server_side_table_for_printer_columns(http: httpx.Client, api: ApiServe
     table = http.get(SPD, headers=accept).json()
     assert table["kind"] == "Table"
     columns = [c["name"] for c in table["columnDefinitions"]]
-    assert columns[:3] == ["Name", "Engine", "Method"] and columns[-1] == "Age"
+    assert columns[:3] == ["Name", "Engine", "Method"] and "Age" in columns
+    # the server sends every column; kubectl shows those of priority 0 unless -o wide
+    priority = {c["name"]: c.get("priority", 0) for c in table["columnDefinitions"]}
+    assert priority["URL"] == 1 and priority["Age"] == priority["Ready"] == 0
 
 
 def test_kubeconfig_is_usable(api: ApiServer) -> None:
