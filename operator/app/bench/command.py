@@ -109,6 +109,7 @@ class Traffic:
 
 def run(ns: argparse.Namespace) -> int:
     started = time.monotonic()
+    commit = _commit()  # the code that runs: a commit landing meanwhile is not it
     _check(ns)
     nominal = StepCost.for_hardware(ns.gpu, ns.model_profile)
     loaded = load_any_trace(ns.trace, mix=parse_task_mix(ns.task_mix), seed=ns.seed)
@@ -136,6 +137,7 @@ def run(ns: argparse.Namespace) -> int:
     jobs = [(i, w, p) for i in range(len(setups)) for w in worlds for p in policies]
     runs = _run_all(setups, jobs, ns.workers)
     report = _report(ns, traffics, setups, worlds, runs, capacity, time.monotonic() - started)
+    report["commit"] = commit
     if ns.json is not None:
         write_json(ns.json, report, indent=1)
     if ns.json != STDOUT:
