@@ -136,8 +136,8 @@ def run(ns: argparse.Namespace) -> int:
     ]
     jobs = [(i, w, p) for i in range(len(setups)) for w in worlds for p in policies]
     runs = _run_all(setups, jobs, ns.workers)
-    report = _report(ns, traffics, setups, worlds, runs, capacity, time.monotonic() - started)
-    report["commit"] = commit
+    wall_s = time.monotonic() - started
+    report = _report(ns, traffics, setups, worlds, runs, capacity, wall_s, commit)
     if ns.json is not None:
         write_json(ns.json, report, indent=1)
     if ns.json != STDOUT:
@@ -247,6 +247,7 @@ def _report(
     runs: dict[tuple[int, int], list[PolicyRun]],
     capacity: float,
     wall_s: float,
+    commit: str | None,
 ) -> dict[str, Any]:
     per_traffic: list[dict[str, Any]] = []
     every_world: list[dict[str, Any]] = []
@@ -270,7 +271,7 @@ def _report(
             }
         )
     report: dict[str, Any] = {
-        "commit": _commit(),
+        "commit": commit,
         "command": shlex.join(["specpilot", *getattr(ns, "argv", sys.argv[1:])]),
         "seeds": {"traffic": ns.seed, "worlds": worlds},
         "wall_s": round(wall_s, 1),
