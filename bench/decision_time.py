@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -24,6 +24,12 @@ from specpilot.tuner import (
     acceptance_curve,
     decide,
 )
+
+BENCH = str(Path(__file__).resolve().parent)
+if BENCH not in sys.path:  # imported by path (the tests): the shared harness lives beside it
+    sys.path.insert(0, BENCH)
+
+from real_engine import git_commit  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -51,7 +57,7 @@ def main() -> None:
         _, state = decide(obs, state, settings, cost, 60.0 * (tick + 1))
         timings.append(time.perf_counter() - started)
     report = {
-        "commit": _commit(),
+        "commit": git_commit(),
         "command": ".venv/bin/python bench/decision_time.py",
         "seeds": "none drawn: the observations are the tuner's own physics at batches "
         "1 + (37 x tick) mod 300",
@@ -66,16 +72,6 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "decision_time.json").write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))
-
-
-def _commit() -> str | None:
-    try:
-        done = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=10
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout.strip()
 
 
 def _observation(state: TunerState, cost: StepCost, batch: float) -> Observation:

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import pytest
 from kube.apiserver import REPO, ApiServer, default_crds, running_apiserver
 from kube.chart import operator_rules
 from tuning_helpers import busy, create, events, later, spd
@@ -38,19 +37,6 @@ class FakeActuator:
 
     def observe(self, window_s: float) -> Observation:
         return self.observation
-
-
-@pytest.fixture
-def api(tmp_path: Path) -> Iterator[ApiServer]:
-    with running_apiserver(tmp_path, operator_rules=operator_rules(tmp_path)) as server:
-        yield server
-        assert server.denials() == [], "the chart's ClusterRole refused the operator"
-
-
-@pytest.fixture
-def rest(api: ApiServer) -> KubeRest:
-    """The operator's client, on its own account (RBAC: the chart's ClusterRole)."""
-    return KubeRest.from_config(str(api.operator_kubeconfig))
 
 
 def factory(actuator: FakeActuator) -> Callable[..., FakeActuator]:

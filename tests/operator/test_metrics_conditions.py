@@ -8,12 +8,10 @@ from __future__ import annotations
 import http.server
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from kube.apiserver import ApiServer, running_apiserver
-from kube.chart import operator_rules
+from kube.apiserver import ApiServer
 from kube.operator_process import free_port
 from tuning_helpers import create, events, later, spd
 
@@ -21,19 +19,6 @@ from specpilot.operator.kube.client import KubeRest
 from specpilot.operator.kube.reconcile import reconcile
 from specpilot.operator.kube.tuning_daemon import tune
 from specpilot.operator.kube.url_policy import FIELD, UrlAllowList
-
-
-@pytest.fixture
-def api(tmp_path: Path) -> Iterator[ApiServer]:
-    with running_apiserver(tmp_path, operator_rules=operator_rules(tmp_path)) as server:
-        yield server
-        assert server.denials() == [], "the chart's ClusterRole refused the operator"
-
-
-@pytest.fixture
-def rest(api: ApiServer) -> KubeRest:
-    return KubeRest.from_config(str(api.operator_kubeconfig))
-
 
 ANSWERS: dict[str, tuple[int, bytes]] = {"404": (404, b"not found"), "garbage": (200, b"\xff{[")}
 

@@ -6,13 +6,10 @@ server (tests/kube, a MOCK), whose Deployment controller is played in the actuat
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from kube.apiserver import ApiServer, running_apiserver
-from kube.chart import operator_rules
+from kube.apiserver import ApiServer
 from kube.faults import Fault, fail_next
 from tuning_helpers import (
     Controller,
@@ -36,18 +33,6 @@ from specpilot.operator.loop import ControlLoop
 from specpilot.tuner import Observation, SpecConfig
 
 INITIAL = SpecConfig(method="ngram", num_speculative_tokens=4)
-
-
-@pytest.fixture
-def api(tmp_path: Path) -> Iterator[ApiServer]:
-    with running_apiserver(tmp_path, operator_rules=operator_rules(tmp_path)) as server:
-        yield server
-        assert server.denials() == [], "the chart's ClusterRole refused the operator"
-
-
-@pytest.fixture
-def rest(api: ApiServer) -> KubeRest:
-    return KubeRest.from_config(str(api.operator_kubeconfig))
 
 
 def stored(api: ApiServer, name: str) -> dict[str, Any]:
