@@ -63,8 +63,8 @@ def explore(
     is). Returns the config, its prediction, the net value in tokens/s (times `exploration`)
     and the chance it turns out slower; None when no trial has a positive net value.
     """
-    if settings.exploration <= 0:
-        return None
+    if settings.exploration <= 0 or settings.expected_dwell_s <= 0:
+        return None  # nothing to learn for, or no horizon for a gain to count over
     trials = [
         (config, pred)
         for config, pred in scored
