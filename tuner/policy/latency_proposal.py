@@ -31,7 +31,7 @@ from specpilot.tuner.policy.latency import (
 )
 from specpilot.tuner.policy.learn import Belief
 from specpilot.tuner.policy.plan import forecast_batch
-from specpilot.tuner.policy.proposal import Proposal, explore, trial_span_s
+from specpilot.tuner.policy.proposal import Proposal, explore, outweighs, trial_proposal
 from specpilot.tuner.policy.settings import TunerSettings
 from specpilot.tuner.spec_config import SpecConfig
 
@@ -125,10 +125,7 @@ def propose_for_latency(
     best_config, best = max(ranked, key=lambda item: item[1].tokens_per_s)
     detail = _detail(scores[best_config], running_score, demand, peak)
     trial = explore(ranked, current, running, settings)
-    # A move predicted better by too little to clear the gate may still be worth trying for
-    # what it would teach: the trial's value, when larger, is the move's.
-    worth_trying = trial is not None and trial[2] > best.tokens_per_s - served
-    if best_config != current and not worth_trying:
+    if best_config != current and not outweighs(trial, best.tokens_per_s - served):
         why = "predicted faster for users"
         if running_score.overloaded:
             why = "capacity short of the load ahead"
@@ -144,18 +141,11 @@ def propose_for_latency(
         )
     if trial is None:
         return running, None
-    config, prediction, improvement, trial_failure = trial
-    return running, Proposal(
-        config=config,
-        prediction=prediction,
-        improvement=improvement,
-        gain=improvement / served,
-        trial_failure=trial_failure,
-        trial=True,
-        why=(
-            f"exploring (expected improvement less the expected loss over a "
-            f"{trial_span_s(settings):.0f}s trial, {trial_failure:.0%} chance it is slower)"
-        ),
+    config = trial[0]
+    return running, trial_proposal(
+        trial,
+        served,
+        settings,
         speed_gain=now.tpot_s / at_batch[config].tpot_s - 1.0,
         detail=_detail(scores[config], running_score, demand, peak),
     )

@@ -44,12 +44,17 @@ class Proposal:
     """Made to learn (an exploration), not because it is predicted better on the mean."""
 
 
+Trial = tuple[SpecConfig, Prediction, float, float]
+"""`explore`'s pick: the config, its prediction, its net value in tokens/s, its chance of
+turning out slower."""
+
+
 def explore(
     scored: Sequence[tuple[SpecConfig, Prediction]],
     current: SpecConfig,
     now_pred: Prediction,
     settings: TunerSettings,
-) -> tuple[SpecConfig, Prediction, float, float] | None:
+) -> Trial | None:
     """The trial most worth making when no config is predicted better on the mean.
 
     A trial is bounded in time, not in how bad its config may turn out: the loop measures it
@@ -105,3 +110,35 @@ def net_trial_value(gain: float, loss: float, share: float, settings: TunerSetti
     if loss * share > settings.max_downside:
         return -math.inf
     return settings.exploration * gain - loss * share
+
+
+def outweighs(trial: Trial | None, mean_improvement: float) -> bool:
+    """Whether a trial is worth more than the move predicted better on the mean: a move too
+    small to clear the gate may still be worth making for what it would teach."""
+    return trial is not None and trial[2] > mean_improvement
+
+
+def trial_proposal(
+    trial: Trial,
+    running_rate: float,
+    settings: TunerSettings,
+    *,
+    speed_gain: float | None = None,
+    detail: str | None = None,
+) -> Proposal:
+    """The proposal of a trial, in the gate's units (`running_rate`: the running config's)."""
+    config, prediction, improvement, trial_failure = trial
+    return Proposal(
+        config=config,
+        prediction=prediction,
+        improvement=improvement,
+        gain=improvement / running_rate,
+        trial_failure=trial_failure,
+        trial=True,
+        why=(
+            f"exploring (expected improvement less the expected loss over a "
+            f"{trial_span_s(settings):.0f}s trial, {trial_failure:.0%} chance it is slower)"
+        ),
+        speed_gain=speed_gain,
+        detail=detail,
+    )

@@ -22,7 +22,7 @@ from specpilot.tuner._model.surrogate import Prediction, Surrogate
 from specpilot.tuner.policy.latency_proposal import propose_for_latency
 from specpilot.tuner.policy.learn import Belief
 from specpilot.tuner.policy.plan import forecast_batch, plan_ahead
-from specpilot.tuner.policy.proposal import Proposal, explore, trial_span_s
+from specpilot.tuner.policy.proposal import Proposal, explore, outweighs, trial_proposal
 from specpilot.tuner.policy.settings import TunerSettings
 from specpilot.tuner.spec_config import SpecConfig
 from specpilot.tuner.state import TunerState
@@ -49,10 +49,7 @@ def propose(
         running = replace(running, tokens_per_s=running.tokens_per_s * current_merit)
     best_config, best = max(scored, key=lambda item: item[1].tokens_per_s)
     trial = explore(scored, current, running, settings)
-    # A move predicted better by too little to clear the gate may still be worth trying for
-    # what it would teach: the trial's value, when larger, is the move's.
-    worth_trying = trial is not None and trial[2] > best.tokens_per_s - running.tokens_per_s
-    if best_config != current and not worth_trying:
+    if best_config != current and not outweighs(trial, best.tokens_per_s - running.tokens_per_s):
         why = "predicted faster"
         if forecast is not None:
             why += f" (load heading to batch {forecast:.0f})"
@@ -65,19 +62,7 @@ def propose(
         )
     if trial is None:
         return running, None
-    config, prediction, improvement, trial_failure = trial
-    return running, Proposal(
-        config=config,
-        prediction=prediction,
-        improvement=improvement,
-        gain=improvement / running.tokens_per_s,
-        trial_failure=trial_failure,
-        trial=True,
-        why=(
-            f"exploring (expected improvement less the expected loss over a "
-            f"{trial_span_s(settings):.0f}s trial, {trial_failure:.0%} chance it is slower)"
-        ),
-    )
+    return running, trial_proposal(trial, running.tokens_per_s, settings)
 
 
 def acceptance_note(
