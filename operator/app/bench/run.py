@@ -62,8 +62,9 @@ class Tuning:
     run it). Off by default, the safe start: started on EAGLE-3 K=3 (examples/vllm-eagle3.yaml's
     `speculative.initial`) under a Poisson load at 1.3x capacity, the tuner's prior cannot tell
     that EAGLE-3 holds less capacity than no speculation in a slow world and it stays there
-    (world 1: mean E2E 220 s against 184 s); started off it pays one window without speculation
-    at low load instead."""
+    (world 1: mean E2E 220 s against 184 s, `specpilot bench --trace
+    bench/traces/azure_conv_2023.csv --poisson 0.1:1.3:3 --worlds 3` with this set to EAGLE-3
+    K=3); started off it pays its minimum dwell without speculation at low load instead."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

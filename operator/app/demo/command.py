@@ -159,7 +159,6 @@ def run(ns: argparse.Namespace) -> int:
             restart_budget_per_hour=ns.restart_budget,
             expected_dwell_s=3 * ns.min_dwell,
             slo_tpot_p95_s=ns.slo_tpot_ms / 1e3,
-            initial=SpecConfig(),  # the demo's loop starts with speculation off
         ),
     )
     out = Path(ns.out)
