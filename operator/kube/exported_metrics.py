@@ -10,7 +10,11 @@ with, labelled by namespace and name:
   tokens/s before, minus 1);
 - `specpilot_regime{regime}`: 1 for the current regime, 0 for the others;
 - `specpilot_observation_age_seconds`: seconds since the last observation with data,
-  computed at scrape time.
+  computed at scrape time;
+- `specpilot_tick_duration_seconds` (a histogram over all objects, no labels): a tuning tick's
+  own work, observe -> decide -> write, with the waits it spends in `sleep` (the observation
+  window's pauses, rollout polling) left out, so it reads how busy the operator is, not how
+  long a window is (`TickTimer`).
 `serve(port)` starts the HTTP endpoint (0: none); `forget(namespace, name)` drops an object's
 series when it is deleted.
 """
@@ -20,9 +24,16 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Info, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    start_http_server,
+)
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -52,6 +63,13 @@ REALIZED = Gauge(
 )
 REGIME = Gauge(
     "specpilot_regime", "Load regime (1 = current).", [*KEYS, "regime"], registry=REGISTRY
+)
+
+TICK_SECONDS = Histogram(
+    "specpilot_tick_duration_seconds",
+    "A tuning tick's work (observe, decide, write), its sleeps left out.",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0),
+    registry=REGISTRY,
 )
 
 _lock = threading.Lock()
@@ -109,6 +127,26 @@ def record_tick(
             PREDICTED.labels(namespace, name).set(predicted_gain)
             if tokens_per_s:
                 _before_switch[key] = tokens_per_s
+
+
+class TickTimer:
+    """Times one tick: pass `timer.sleep` as the tick's only wait, then `observe()` once the
+    tick ran; the time spent waiting in `sleep` is left out of the observed duration."""
+
+    def __init__(self, sleep: Callable[[float], None]) -> None:
+        self._sleep, self._started, self._waited = sleep, time.perf_counter(), 0.0
+
+    def sleep(self, seconds: float) -> None:
+        began = time.perf_counter()
+        try:
+            self._sleep(seconds)
+        finally:
+            self._waited += time.perf_counter() - began
+
+    def observe(self) -> float:
+        worked = max(0.0, time.perf_counter() - self._started - self._waited)
+        TICK_SECONDS.observe(worked)
+        return worked
 
 
 def forget(namespace: str, name: str) -> None:

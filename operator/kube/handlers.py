@@ -111,11 +111,13 @@ async def tune_forever(
     def one_beat(sleep: beat.Sleep) -> None:
         try:
             _reconcile(body, memo)
+            timer = exported_metrics.TickTimer(sleep)
             with tuning_daemon.object_lock(meta["namespace"], meta["name"]):
                 outcome = tuning_daemon.tune(
-                    _rest(memo), body, sleep=sleep, url_policy=_url_policy(memo)
+                    _rest(memo), body, sleep=timer.sleep, url_policy=_url_policy(memo)
                 )
             if outcome is not None:
+                timer.observe()
                 logger.info(f"tuning: {outcome.action}: {outcome.reason}")
         except (kopf.PermanentError, kopf.TemporaryError, KubeApiError) as exc:
             # Degraded is in status, or the API hiccuped: keep beating, the next beat retries.
