@@ -133,18 +133,21 @@ class TickTimer:
     """Times one tick: pass `timer.sleep` as the tick's only wait, then `observe()` once the
     tick ran; the time spent waiting in `sleep` is left out of the observed duration."""
 
-    def __init__(self, sleep: Callable[[float], None]) -> None:
-        self._sleep, self._started, self._waited = sleep, time.perf_counter(), 0.0
+    def __init__(
+        self, sleep: Callable[[float], None], clock: Callable[[], float] = time.perf_counter
+    ) -> None:
+        self._sleep, self._clock = sleep, clock
+        self._started, self._waited = clock(), 0.0
 
     def sleep(self, seconds: float) -> None:
-        began = time.perf_counter()
+        began = self._clock()
         try:
             self._sleep(seconds)
         finally:
-            self._waited += time.perf_counter() - began
+            self._waited += self._clock() - began
 
     def observe(self) -> float:
-        worked = max(0.0, time.perf_counter() - self._started - self._waited)
+        worked = max(0.0, self._clock() - self._started - self._waited)
         TICK_SECONDS.observe(worked)
         return worked
 
