@@ -51,8 +51,9 @@ def _join(path: str, key: str) -> str:
 
 
 def prune_unknown_fields(obj: Any, schema: Schema, path: str = "") -> Any:
-    """Drop fields the schema does not declare, like the API server's pruning. `metadata` is
-    ObjectMeta (the server keeps its known fields; this copy keeps it whole)."""
+    """Drop fields the schema does not declare, and nulls of fields it does not declare
+    nullable, like the API server's pruning. `metadata` is ObjectMeta (the server keeps its
+    known fields; this copy keeps it whole)."""
     if isinstance(obj, dict) and schema.get("type") == "object":
         if schema.get("x-kubernetes-preserve-unknown-fields") or path.endswith("metadata"):
             return obj
@@ -61,10 +62,12 @@ def prune_unknown_fields(obj: Any, schema: Schema, path: str = "") -> Any:
         if props is None and isinstance(extra, dict):
             return {k: prune_unknown_fields(v, extra, _join(path, k)) for k, v in obj.items()}
         props = props or {}
+        # A null where the schema does not say nullable is dropped before defaulting, as the
+        # API server does ("Defaulting and Nullable" in the CRD docs).
         return {
             k: prune_unknown_fields(v, props[k], _join(path, k))
             for k, v in obj.items()
-            if k in props
+            if k in props and (v is not None or props[k].get("nullable"))
         }
     if isinstance(obj, list) and schema.get("type") == "array":
         return [prune_unknown_fields(v, schema["items"], f"{path}[{i}]") for i, v in enumerate(obj)]
@@ -117,8 +120,8 @@ def list_type_errors(obj: Any, schema: Schema, path: str = "") -> list[Failure]:
     elif isinstance(obj, list) and schema.get("type") == "array":
         kind = schema.get("x-kubernetes-list-type")
         if kind == "map":
-            keys = [
-                tuple(item.get(k) for k in schema["x-kubernetes-list-map-keys"])
+            keys = [  # repr: a mistyped key (a list, a map) is a value like any other
+                tuple(repr(item.get(k)) for k in schema["x-kubernetes-list-map-keys"])
                 for item in obj
                 if isinstance(item, dict)
             ]
