@@ -5,9 +5,9 @@ status out) and follows Kubernetes conventions: metav1.Condition entries (type, 
 reason, message, lastTransitionTime, observedGeneration) whose lastTransitionTime moves only
 when their status does; phase, currentConfig, replicas and selector (the scale subresource).
 `write_status` patches the /status subresource only when something changed (no write, no new
-resourceVersion, no watch event otherwise). `post_event` is best effort: an Event that cannot
-be posted is logged and never fails the switch it describes (status.lastDecision says the
-same).
+resourceVersion, no watch event otherwise), nulling what the new status dropped. `post_event`
+is best effort: an Event that cannot be posted is logged and never fails the switch it
+describes (status.lastDecision says the same).
 """
 
 from __future__ import annotations
@@ -184,12 +184,32 @@ def tick_status(
 
 
 def write_status(rest: KubeRest, body: Mapping[str, Any], status: Obj) -> None:
+    """Make `body`'s status `status` (the whole of it, as computed from `body`'s): the merge
+    patch nulls what `status` no longer has, at any depth (a config switched to no speculation
+    keeps no `numSpeculativeTokens`); what others wrote since `body` was read is left alone."""
     meta = body["metadata"]
-    if status == (body.get("status") or {}):
+    old = body.get("status") or {}
+    if status == old:
         return  # nothing changed: no write, no new resourceVersion, no watch event
+    patch = merge_patch(old, status)
     rest.patch(
-        API_VERSION, PLURAL, meta["namespace"], meta["name"], {"status": status}, sub="status"
+        API_VERSION, PLURAL, meta["namespace"], meta["name"], {"status": patch}, sub="status"
     )
+
+
+def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> Obj:
+    """The JSON merge patch (RFC 7386) that turns `old` into `new`: a key `new` lacks is null;
+    objects in both are diffed key by key; anything else is sent whole when it changed."""
+    patch: Obj = {key: None for key in old if key not in new}
+    for key, value in new.items():
+        before = old.get(key)
+        if isinstance(value, Mapping) and isinstance(before, Mapping):
+            inner = merge_patch(before, value)
+            if inner:
+                patch[key] = inner
+        elif key not in old or before != value:
+            patch[key] = value
+    return patch
 
 
 def post_event(rest: KubeRest, body: Mapping[str, Any], type_: str, reason: str, text: str) -> None:

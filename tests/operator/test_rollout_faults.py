@@ -23,7 +23,7 @@ from tuning_helpers import (
 )
 from tuning_helpers import spd as spd_of
 
-from specpilot.operator.api.spec import decode_spec
+from specpilot.operator.api.spec import config_to_status, decode_spec
 from specpilot.operator.kube.client import KubeRest
 from specpilot.operator.kube.persisted_state import load_state
 from specpilot.operator.kube.reconcile import reconcile
@@ -235,3 +235,17 @@ def test_a_kill_during_the_rollback_resumes_the_rollback(api: ApiServer, rest: K
     state = stored(api, "twice")
     assert "rollout" not in state
     assert [c for c, _ in state["failed"]] == [target.to_dict()]
+
+
+def test_a_switch_to_no_speculation_leaves_no_stale_field_in_status(
+    api: ApiServer, rest: KubeRest
+) -> None:
+    """status.currentConfig is the config that runs, whole: a merge patch of the new config
+    over the old one kept n-gram's numSpeculativeTokens beside method none."""
+    reconcile(rest, create(api, "plain"))
+    make = real_rollouts(busy(), Controller(api, "plain").sleep)
+    outcome = tune(rest, spd_of(api, "plain"), now=later(), make_actuator=make)
+    assert outcome is not None and outcome.action == "off", outcome
+    assert running_config(api, "plain") == SpecConfig()
+    status = spd_of(api, "plain")["status"]
+    assert status["currentConfig"] == config_to_status(SpecConfig()), status["currentConfig"]
