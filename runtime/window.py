@@ -31,7 +31,13 @@ from dataclasses import dataclass, field
 import httpx
 
 from specpilot.runtime.engine_metrics import WindowStats
-from specpilot.runtime.scrape import ScrapeError, Snapshot, fetch_snapshot, window_stats
+from specpilot.runtime.scrape import (
+    ScrapeError,
+    Snapshot,
+    fetch_snapshot,
+    window_samples,
+    window_stats,
+)
 
 MAX_LATE_ROUNDS = 3
 """Extra scrape rounds after the window while a target has given only one snapshot."""
@@ -81,13 +87,15 @@ class WindowReader:
         errors: dict[str, str] = {}
         deadline = self.clock() + window_s
         late_rounds = 0
+        keep = window_samples(engine)  # only what window_stats reads (runtime/scrape.py)
         with httpx.Client(
             timeout=self.timeout_s, transport=self.transport, verify=tls_context()
         ) as client:
             while True:
                 for name, url in targets.items():
                     try:
-                        snapshots[name].append(fetch_snapshot(client, url, self.clock()))
+                        taken = fetch_snapshot(client, url, self.clock(), keep)
+                        snapshots[name].append(taken)
                     except ScrapeError as exc:
                         if self.fail_fast:
                             raise
