@@ -36,6 +36,19 @@ ScheduleTier = tuple[int, int, int]
 """`(first_batch_size, last_batch_size, k)`, both batch sizes inclusive; k=0 means no drafts."""
 
 
+SHOWN_VALUE_CHARS = 200
+"""A value longer than this (as repr) is cut in messages, so the allowed values that follow it
+survive the places that bound a message (a status condition keeps 1,024 characters)."""
+
+
+def shown_value(value: object) -> str:
+    """`repr(value)`, cut to its first characters and its length past SHOWN_VALUE_CHARS."""
+    text = repr(value)
+    if len(text) <= SHOWN_VALUE_CHARS:
+        return text
+    return f"{text[: SHOWN_VALUE_CHARS // 2]}... ({len(text)} characters)"
+
+
 class ConfigError(ValueError):
     """A configuration value is invalid; the message names the field, value and allowed values."""
 
@@ -43,7 +56,7 @@ class ConfigError(ValueError):
         self.field = field_name
         self.value = value
         self.allowed = allowed
-        message = f"{field_name}={value!r} is invalid: allowed {allowed}"
+        message = f"{field_name}={shown_value(value)} is invalid: allowed {allowed}"
         if hint:
             message += f" ({hint})"
         super().__init__(message)

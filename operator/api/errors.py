@@ -5,11 +5,13 @@ API server stores it or as a user wrote it (mappings of any kind; null fields co
 the API server prunes them), or raises `SpecError` for the outermost invalid field: its path from
 `root` ("spec.speculative.candidates[1].method"), the value, and what is allowed, in words taken
 from the same structural schema the CRD publishes (an enum's values, a bound, the fields of an
-object). A model rule's `Violation` keeps its own value and allowed values.
+object). A model rule's `Violation` keeps its own value and allowed values. An env value is
+never repeated (it may be a credential written inline): its type and length stand for it.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -55,7 +57,33 @@ def _plain(value: Any) -> Any:
     return value
 
 
+class _NotShown:
+    """Stands for an env value in a message: it may be a credential written inline, and the
+    message goes to status, an Event and the operator's log."""
+
+    def __init__(self, value: object) -> None:
+        self.kind = type(value).__name__
+        self.size = len(value) if isinstance(value, str | list | dict) else None
+
+    def __repr__(self) -> str:
+        unit = "characters" if self.kind == "str" else "entries"
+        size = "" if self.size is None else f" of {self.size} {unit}"
+        return f"<{self.kind}{size}, not shown: an env value may be a secret>"
+
+
+_ENV_VALUE = re.compile(r"\.env(\[\d+\](\.value)?)?$")
+"""An env value, or an entry or list holding env values."""
+
+
 def _translate(error: ErrorDetails, schema: Schema, root: str) -> SpecError:
+    found = _translate_shown(error, schema, root)
+    if _ENV_VALUE.search(found.field):
+        hint = str(found).partition(f"allowed {found.allowed}")[2].strip().strip("()")
+        return SpecError(found.field, _NotShown(found.value), found.allowed, hint)
+    return found
+
+
+def _translate_shown(error: ErrorDetails, schema: Schema, root: str) -> SpecError:
     loc = error["loc"]
     path = _path(root, loc)
     violation = (error.get("ctx") or {}).get("error")

@@ -3,9 +3,10 @@
 Contract: `PodSettings.model_validate(data)` enforces the section's shapes, bounds and CEL rules
 (declared here for the CRD and checked here in Python, side by side). Kubernetes core types a
 GPU node pool needs (tolerations, image pull secrets, volume mounts, the model cache, /dev/shm)
-are typed in full; the deep parts of affinity, security contexts and volume sources are typed at
-their top and otherwise kept as written (`x-kubernetes-preserve-unknown-fields`): they reach the
-pod template unchanged and the API server validates them there, as it does for any Deployment.
+and both security contexts are typed in full; the deep parts of affinity and volume sources are
+typed at their top and otherwise kept as written (`x-kubernetes-preserve-unknown-fields`): they
+reach the pod template unchanged and the API server validates them there, as it does for any
+Deployment.
 SpecPilot's own labels, annotations, volume names and mount paths cannot be overridden: a key or
 name it uses is refused, naming the field (operator/api/names.py lists them).
 """
@@ -41,16 +42,20 @@ __all__ = [
     "MODEL_CACHE_ENV",
     "RESERVED_MOUNT_PATHS",
     "Affinity",
+    "AppArmorProfile",
     "Capabilities",
     "ContainerSecurityContext",
     "LocalObjectReference",
     "ModelCache",
     "PodSecurityContext",
     "PodSettings",
+    "SELinuxOptions",
     "SeccompProfile",
+    "Sysctl",
     "Toleration",
     "Volume",
     "VolumeMount",
+    "WindowsOptions",
 ]
 
 DEFAULT_MODEL_CACHE_PATH = "/root/.cache/huggingface"
@@ -186,23 +191,82 @@ class SeccompProfile(ApiModel):
     """With type Localhost, the profile's path on the node."""
 
 
-class PodSecurityContext(_Open):
-    """Pod-level security attributes (core/v1 PodSecurityContext); fields not listed here
-    (seLinuxOptions, sysctls, ...) are passed through as written."""
+class AppArmorProfile(ApiModel):
+    """The AppArmor profile (core/v1 AppArmorProfile)."""
 
-    run_as_user: int | None = Field(default=None, ge=0, json_schema_extra={"format": "int64"})
+    type: Literal["RuntimeDefault", "Unconfined", "Localhost"]
+    """RuntimeDefault (the container runtime's default profile), Unconfined or Localhost."""
+    localhost_profile: str | None = Field(default=None, max_length=4096)
+    """With type Localhost, the name of a profile loaded on the node."""
+
+
+class SELinuxOptions(ApiModel):
+    """The SELinux context (core/v1 SELinuxOptions)."""
+
+    level: str | None = Field(default=None, max_length=256)
+    """SELinux level label."""
+    role: str | None = Field(default=None, max_length=256)
+    """SELinux role label."""
+    type: str | None = Field(default=None, max_length=256)
+    """SELinux type label."""
+    user: str | None = Field(default=None, max_length=256)
+    """SELinux user label."""
+
+
+class WindowsOptions(ApiModel):
+    """Windows-specific options (core/v1 WindowsSecurityContextOptions)."""
+
+    gmsa_credential_spec_name: str | None = Field(default=None, max_length=253)
+    """Name of the GMSA credential spec to use."""
+    gmsa_credential_spec: str | None = Field(default=None, max_length=65536)
+    """The GMSA credential spec's contents."""
+    run_as_user_name: str | None = Field(default=None, max_length=256)
+    """User name the entrypoint runs as."""
+    host_process: bool | None = None
+    """Run as a Windows host process."""
+
+
+class Sysctl(ApiModel):
+    """A namespaced kernel parameter (core/v1 Sysctl)."""
+
+    name: str = Field(min_length=1, max_length=256)
+    """Parameter name, e.g. net.ipv4.ip_local_port_range."""
+    value: str = Field(max_length=256)
+    """Parameter value."""
+
+
+_INT64: JsonDict = {"format": "int64"}
+
+
+class PodSecurityContext(ApiModel):
+    """Pod-level security attributes (core/v1 PodSecurityContext), every field typed: a key
+    Kubernetes does not know is pruned by the API server (and refused by the decoder), never
+    passed to the pod template."""
+
+    run_as_user: int | None = Field(default=None, ge=0, json_schema_extra=_INT64)
     """UID the containers run as."""
-    run_as_group: int | None = Field(default=None, ge=0, json_schema_extra={"format": "int64"})
+    run_as_group: int | None = Field(default=None, ge=0, json_schema_extra=_INT64)
     """GID the containers run as."""
     run_as_non_root: bool | None = None
     """Refuse to start a container whose image runs as root."""
-    fs_group: int | None = Field(default=None, ge=0, json_schema_extra={"format": "int64"})
+    fs_group: int | None = Field(default=None, ge=0, json_schema_extra=_INT64)
     """GID owning mounted volumes (a model cache PVC written by a non-root engine needs it)."""
     fs_group_change_policy: Literal["OnRootMismatch", "Always"] | None = None
     """When to change volume ownership to fsGroup."""
-    supplemental_groups: list[int] | None = Field(default=None, max_length=64)
+    supplemental_groups: list[Annotated[int, Field(ge=0, json_schema_extra=_INT64)]] | None = Field(
+        default=None, max_length=64
+    )
     """Further GIDs of the containers' first process."""
+    supplemental_groups_policy: Literal["Merge", "Strict"] | None = None
+    """How supplementalGroups combine with the image's groups."""
     seccomp_profile: SeccompProfile | None = None
+    app_armor_profile: AppArmorProfile | None = None
+    se_linux_options: SELinuxOptions | None = None
+    se_linux_change_policy: Literal["MountOption", "Recursive"] | None = None
+    """How SELinux labels are applied to volumes."""
+    sysctls: list[Sysctl] | None = Field(default=None, max_length=64)
+    """Namespaced kernel parameters of the pod."""
+    windows_options: WindowsOptions | None = None
 
 
 class Capabilities(ApiModel):
@@ -214,13 +278,14 @@ class Capabilities(ApiModel):
     """Capabilities to drop, e.g. ALL (the restricted Pod Security level)."""
 
 
-class ContainerSecurityContext(_Open):
-    """Security attributes of the engine container (core/v1 SecurityContext); fields not listed
-    here (seLinuxOptions, procMount, ...) are passed through as written."""
+class ContainerSecurityContext(ApiModel):
+    """Security attributes of the engine container (core/v1 SecurityContext), every field
+    typed: a key Kubernetes does not know is pruned by the API server (and refused by the
+    decoder), never passed to the pod template."""
 
-    run_as_user: int | None = Field(default=None, ge=0, json_schema_extra={"format": "int64"})
+    run_as_user: int | None = Field(default=None, ge=0, json_schema_extra=_INT64)
     """UID the engine runs as."""
-    run_as_group: int | None = Field(default=None, ge=0, json_schema_extra={"format": "int64"})
+    run_as_group: int | None = Field(default=None, ge=0, json_schema_extra=_INT64)
     """GID the engine runs as."""
     run_as_non_root: bool | None = None
     """Refuse to start the engine if its image runs as root."""
@@ -230,8 +295,13 @@ class ContainerSecurityContext(_Open):
     """Run the container privileged (host devices; rarely right for an engine)."""
     read_only_root_filesystem: bool | None = None
     """Mount the image read-only; the engine then writes only to volumes (model cache, shm)."""
+    proc_mount: Literal["Default", "Unmasked"] | None = None
+    """/proc mount type (Unmasked needs a user-namespaced pod)."""
     capabilities: Capabilities | None = None
     seccomp_profile: SeccompProfile | None = None
+    app_armor_profile: AppArmorProfile | None = None
+    se_linux_options: SELinuxOptions | None = None
+    windows_options: WindowsOptions | None = None
 
 
 class LocalObjectReference(ApiModel):

@@ -55,9 +55,17 @@ def prune_unknown_fields(obj: Any, schema: Schema, path: str = "") -> Any:
     nullable, like the API server's pruning. `metadata` is ObjectMeta (the server keeps its
     known fields; this copy keeps it whole)."""
     if isinstance(obj, dict) and schema.get("type") == "object":
-        if schema.get("x-kubernetes-preserve-unknown-fields") or path.endswith("metadata"):
+        if path.endswith("metadata"):
             return obj
         props = schema.get("properties")
+        if schema.get("x-kubernetes-preserve-unknown-fields"):
+            # unknown fields kept; the declared ones pruned inside, nulls dropped (the server)
+            known = props or {}
+            return {
+                k: prune_unknown_fields(v, known[k], _join(path, k)) if k in known else v
+                for k, v in obj.items()
+                if v is not None or k not in known or known[k].get("nullable")
+            }
         extra = schema.get("additionalProperties")
         if props is None and isinstance(extra, dict):
             return {k: prune_unknown_fields(v, extra, _join(path, k)) for k, v in obj.items()}

@@ -23,6 +23,7 @@ from spec_strategies import HOSTILE_TEXTS, mutated, specs
 from specpilot.operator.api.flags import owned_flag
 from specpilot.operator.api.spec import SpecDeploymentSpec, SpecError, decode_spec
 from specpilot.operator.kube.children import desired_children
+from specpilot.operator.kube.status import degraded_status
 from specpilot.runtime.engines import get_adapter
 from specpilot.tuner import SpecConfig
 
@@ -76,9 +77,21 @@ def _check_agreement(spec: Any) -> SpecDeploymentSpec | None:
     # decoder names one: it must be one of them, or one a CEL rule would report.
     everything = failures + _cel_anyway(stored)
     assert any(_same_field(f.path, verdict.field) for f in everything), (failures, str(verdict))
-    message = str(verdict)
-    assert verdict.field in message and "allowed" in message, message
+    # what the status condition keeps (the same text goes to kopf's Event and log) names the
+    # field and what is allowed, however long the value; an env value is never repeated
+    condition = degraded_status({}, str(verdict), 1)["conditions"][0]["message"]
+    assert verdict.field in condition and "allowed" in condition, condition
+    for value in _env_values(spec):
+        assert value not in condition, f"an env value reached the status: {condition}"
     return None
+
+
+def _env_values(spec: Any) -> list[str]:
+    """The env values written in `spec` (long enough not to occur by chance)."""
+    env = spec.get("env") if isinstance(spec, dict) else None
+    entries = env if isinstance(env, list) else list(env.values()) if isinstance(env, dict) else []
+    values = [e.get("value") if isinstance(e, dict) else e for e in entries]
+    return [v for v in values if isinstance(v, str) and len(v) >= 8]
 
 
 def _files(children: list[dict[str, Any]], deployment: dict[str, Any]) -> dict[str, str]:
@@ -182,3 +195,56 @@ def test_hostile_text_reaches_the_pod_verbatim_or_is_refused_naming_the_field(te
         decode_spec(spec)
     assert err.value.field in ("spec.extraArgs[1]", "spec.command[2]"), err.value.field
     assert f"at most {limit[err.value.field.split('.')[1].split('[')[0]]}" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("spec", "field", "allowed"),
+    [
+        ({"extraArgs": ["x" * 10_240]}, "spec.extraArgs[0]", "at most 4096 characters"),
+        ({"model": "m" * 10_240}, "spec.model", "1..1024 characters"),
+        ({"env": [{"name": "HF_TOKEN", "value": "hf_" + "s" * 40_000}]}, "spec.env[0].value",
+         "at most 32768 characters"),
+        ({"env": [{"name": "HF_TOKEN", "value": "hf_s3cr3t_t0k3n", "valueFrom": {
+            "secretKeyRef": {"name": "hf", "key": "token"}}}]}, "spec.env[0]",
+         "exactly one of value and valueFrom"),
+        ({"env": {"HF_TOKEN": "hf_s3cr3t_t0k3n"}}, "spec.env", "a list of at most 64 objects"),
+    ],
+)  # fmt: skip
+def test_the_status_names_the_field_and_the_bound_past_a_10kb_value_and_hides_env_values(
+    spec: dict[str, Any], field: str, allowed: str
+) -> None:
+    """A condition keeps 1,024 characters: a 10 kB value once filled it and cut off what is
+    allowed. An env value may be a credential written inline: it never reaches status, Events
+    or logs (all three get this message)."""
+    with pytest.raises(SpecError) as err:
+        decode_spec({"engine": "vllm", "model": "org/m", **spec})
+    assert err.value.field == field
+    condition = degraded_status({}, str(err.value), 1)["conditions"][0]["message"]
+    assert "is invalid: allowed" in condition and allowed in condition, condition
+    assert "s3cr3t" not in condition and "sssssssss" not in condition, condition
+
+
+def test_a_key_kubernetes_does_not_know_in_a_security_context_never_reaches_the_pod() -> None:
+    """Both security contexts were typed at their top only and kept the rest as written: a
+    stray key (a typo, `extra`) passed admission and made the rendered Deployment invalid, which
+    the API server refuses on every reconcile. Now every field is typed: the server prunes the
+    stray key, the decoder refuses it by name, and the pod is valid."""
+    pod = {
+        "securityContext": {"runAsNonRoot": True, "sysctls": [{"name": "a.b", "value": "1"}],
+                            "seLinuxOptions": {"level": "s0"}, "extra": 1},
+        "containerSecurityContext": {"capabilities": {"drop": ["ALL"], "extra": []},
+                                     "procMount": "Default", "runAsUser": None, "extra": 1},
+    }  # fmt: skip
+    spec = {"engine": "vllm", "model": "org/m", "pod": pod}
+    stored, failures = admit(_spd(spec))
+    assert failures == []
+    assert "extra" not in stored["spec"]["pod"]["securityContext"]
+    assert stored["spec"]["pod"]["containerSecurityContext"] == {
+        "capabilities": {"drop": ["ALL"]},
+        "procMount": "Default",
+    }
+    _check_rendering(decode_spec(stored["spec"]), SpecConfig())
+    with pytest.raises(SpecError) as err:
+        decode_spec(spec)
+    assert err.value.field == "spec.pod.securityContext.extra"
+    assert "unknown field" in str(err.value) and "runAsNonRoot" in str(err.value)
