@@ -6,6 +6,7 @@ they say."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -20,8 +21,9 @@ from kube.chart import CHART, HELM, allowed_verbs, find, helm
 VALUES_FILES = sorted((CHART / "ci").glob("*-values.yaml"))
 OLDEST, NEWEST = "1.30.0", kubernetes_validate.utils.latest_version()
 CUSTOM_GROUPS = ("kopf.dev/", "monitoring.coreos.com/")
-"""Custom resources: the chart's CRDs (kopf.dev) and the Prometheus Operator's; rules are
-checked by promtool in test_monitoring.py."""
+"""Custom resources: the chart's CRDs (kopf.dev) and the Prometheus Operator's, which
+test_monitoring_schemas.py validates against that operator's CRD schemas (and promtool checks
+the rules in test_monitoring.py)."""
 
 Obj = dict[str, Any]
 
@@ -88,7 +90,17 @@ def test_rendered_objects_are_valid_for_oldest_and_newest_kubernetes(
         ("prometheus.allowedUrls={http://prom:9090@evil.example}", "/prometheus/allowedUrls/0"),
         ("monitoring.serviceMonitor.interval=often", "/monitoring/serviceMonitor/interval"),
         ("monitoring.rules.realisedGainFraction=2", "/monitoring/rules/realisedGainFraction"),
+        # --set passes decimals as strings: those are checked too
+        ("monitoring.rules.realisedGainFraction=1.5", "/monitoring/rules/realisedGainFraction"),
+        ("monitoring.rules.acceptanceLengthFloor=0.9", "/monitoring/rules/acceptanceLengthFloor"),
+        ("monitoring.rules.metricsStaleSeconds=0.0", "/monitoring/rules/metricsStaleSeconds"),
         ("podDisruptionBudget.maxUnavailable=half", "/podDisruptionBudget/maxUnavailable"),
+        ("resources.limits.cpu=lots", "/resources/limits/cpu"),
+        ("resources.requests.memory=-1Gi", "/resources/requests/memory"),
+        ("securityContext.runAsUser=-1", "/securityContext/runAsUser"),
+        ("podSecurityContext.runAsNonroot=true", "runAsNonroot"),
+        ("podSecurityContext.seccompProfile.type=Off", "/podSecurityContext/seccompProfile/type"),
+        ("tolerations[0].operator=Maybe", "/tolerations/0/operator"),
         ("replicaCont=2", "replicaCont"),
     ],
 )
@@ -96,6 +108,27 @@ def test_schema_refuses_bad_values_naming_them(tmp_path: Path, value: str, named
     error = refused(tmp_path, value)
     assert "values don't meet the specifications of the schema" in error
     assert named in error, error
+
+
+def test_security_contexts_and_tolerations_know_every_kubernetes_field() -> None:
+    """The schema closes these objects (a misspelt field fails at `helm template`), so it must
+    admit every field of the Kubernetes versions the chart supports, no more."""
+    schema = json.loads((CHART / "values.schema.json").read_text(encoding="utf-8"))["properties"]
+    root = Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema"
+    for values_key, kind in [
+        ("podSecurityContext", "podsecuritycontext"),
+        ("securityContext", "securitycontext"),
+    ]:
+        known: set[str] = set()
+        for version in (OLDEST, NEWEST):
+            path = root / f"v{version}-local-strict" / f"{kind}-v1.json"
+            known |= set(json.loads(path.read_text(encoding="utf-8"))["properties"])
+        assert schema[values_key]["additionalProperties"] is False
+        assert set(schema[values_key]["properties"]) == known, values_key
+    toleration = schema["tolerations"]["items"]
+    path = root / f"v{NEWEST}-local-strict" / "toleration-v1.json"
+    newest = json.loads(path.read_text(encoding="utf-8"))["properties"]
+    assert set(toleration["properties"]) == set(newest)
 
 
 def test_namespaced_mode_grants_rights_only_in_its_namespaces(tmp_path: Path) -> None:
