@@ -274,6 +274,7 @@ def _tick(
         loop.actuator = _Announcing(actuator, announce)
         loop.settings, loop.window_s = settings_for(spec), window
         record = loop.tick(now)
+        loop.history.clear()  # status keeps the record; a cached loop's list grew every tick
         new_state, new_failed = loop.state, dict(loop._failed)
         outcome = _auto_outcome(record)
     else:
