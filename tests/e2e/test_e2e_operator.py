@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -148,6 +147,11 @@ def _failed_decision(apiserver: ApiServer, name: str) -> dict[str, Any] | None:
     return decision if decision and decision.get("action") == "error" else None
 
 
+def _decision_time(apiserver: ApiServer, name: str) -> str | None:
+    decision = _last_decision(apiserver, name)
+    return decision.get("time") if decision else None
+
+
 def _only_pods_running(kubelet: Kubelet, name: str, config: SpecConfig) -> bool:
     pods = kubelet.pods_of(name)
     return bool(pods) and all(
@@ -246,7 +250,17 @@ def test_a_config_that_crashes_is_rolled_back(
         assert "RolloutFailed" in reasons or "TunerSwitchFailed" in reasons, reasons
         # backed off: the failed config is not tried again on the next ticks
         tried = len(kubelet.started_pods)
-        time.sleep(8)  # more than one tuning interval (5 s)
+        # two more ticks, counted by their decisions in status (not a fixed sleep, which a
+        # loaded host could fill with no tick at all and so pass without checking anything)
+        ticks = [_decision_time(apiserver, "chat")]
+        for _ in range(2):
+            wait_for(
+                "one more tick",
+                lambda: _decision_time(apiserver, "chat") not in ticks,
+                timeout_s=60,
+                every_s=0.5,
+            )
+            ticks.append(_decision_time(apiserver, "chat"))
         assert len(kubelet.started_pods) == tried
         assert running_config(apiserver, "chat") == SpecConfig()
         observed = status(apiserver, "chat").get("observed", {})

@@ -63,7 +63,7 @@ def engine_factory(tmp_path: Path) -> Iterator:
             engine="vllm",
             program=program,
             launch=launch,
-            start_timeout_s=30,
+            start_timeout_s=120,  # generous: ends when the engine answers; loaded hosts are slow
             scrape_interval_s=0.25,
             log_dir=tmp_path,
         )

@@ -58,7 +58,8 @@ def start_emulator(engine: str, config: SpecConfig, tmp_path: Path) -> Iterator[
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
+        # generous: the loop ends as soon as the server answers; a loaded host starts it slowly
+        deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             assert process.poll() is None, process.stdout.read().decode() if process.stdout else ""
             try:
