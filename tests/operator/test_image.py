@@ -1,9 +1,9 @@
-"""The operator image, checked without building it (`make image` builds and runs it; see
-image/BUILD-RESULT.md): what the Dockerfile installs is the package with its run-time
-dependencies only, pinned by image/constraints.txt to versions pyproject.toml allows, from a
-build context that holds what it copies; every package folder is in the distribution (a
-non-editable install, as the image makes, has only those); and the committed build record is of
-this Dockerfile and these constraints."""
+"""The operator image, checked without building it (test_image_build.py builds and runs it in
+`make test`; `make image` builds both targets and writes image/BUILD-RESULT.md): what the
+Dockerfile installs is the package with its run-time dependencies only, pinned by
+image/constraints.txt to versions pyproject.toml allows, from a build context that holds what it
+copies; every package folder is in the distribution (a non-editable install, as the image makes,
+has only those); and the committed build record is of this Dockerfile and these constraints."""
 
 from __future__ import annotations
 
