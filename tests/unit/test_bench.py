@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from specpilot.operator.app.bench.policies import SPECPILOT, StaticPolicy
-from specpilot.operator.app.bench.run import PolicyRun, Setup, Tuning, run_policy
+from specpilot.operator.app.bench.run import PolicyRun, Setup, Tuning, run_policy, scored_at_end
 from specpilot.operator.app.bench.traffic import requests_from_rates
 from specpilot.operator.app.demo.actuator import LatencyHistogram, Switch
 from specpilot.operator.app.demo.load import Completed, LoadStats, plan_requests
@@ -158,3 +158,15 @@ def test_the_demo_summary_shows_latency_attainment_and_restarts_side_by_side(
     realtime_line = next(line for line in text.splitlines() if f"| {REAL_TIME} |" in line)
     assert realtime_line.count(NOT_SEEN) == 5  # TTFT, TPOT and the three tiers
     assert "non-streaming" in text
+
+
+def test_every_policy_is_scored_at_the_traces_end() -> None:
+    """SpecPilot's loop may tick past the end (a rollout shifts its windows): a request it
+    finished there failed as it would have under a static policy, and waited until the end."""
+    shape = {"task": "chat", "prompt_tokens": 100, "max_tokens": 50, "arrival_s": 250.0}
+    late = Request(request_id="late", **shape, first_token_s=280.0, finished_s=310.0)
+    record = scored_at_end(late, SETUP.duration_s)
+    assert record.failed and record.given_up_s == SETUP.duration_s
+    assert record.first_token_s is None and record.output_tokens == 0
+    served = Request(request_id="ok", **shape, generated=50, first_token_s=260.0, finished_s=290.0)
+    assert not scored_at_end(served, SETUP.duration_s).failed

@@ -95,7 +95,8 @@ def test_never_leaves_space_and_respects_dwell_and_budget(ticks: list) -> None:
         if decision.action == "stay":
             assert state.current == before.current and decision.config == before.current
         else:
-            assert now - before.since_s >= tuning.min_dwell_s
+            # only a fresh deployment's first move may come sooner (tests/unit/test_first_move.py)
+            assert now - before.since_s >= tuning.min_dwell_s or not before.restarts
             switches.append(now)
             assert state.current == decision.config and state.since_s == now
     for t in switches:

@@ -2,7 +2,8 @@
 
 Contract: `gate(proposal, running, belief, settings, cost, now)` returns the reason to stay, or
 None to act. A move waits out the minimum dwell (from the tuner's last switch, or from the
-start: one window of a fresh deployment does not tell the load ahead) and the restart budget
+start: one window of a fresh deployment does not tell the load ahead, unless the target holds
+`FIRST_MOVE_HEADROOM` times it) and the restart budget
 (restarts in the last hour), and must clear the hurdle (hysteresis, or the smaller saturation
 tolerance at max-num-seqs) and pay, over the expected dwell, for the restart: its lost serving
 (twice for a trial that may be undone, weighted by its chance of failing) plus the SLO backlog
@@ -20,6 +21,10 @@ from specpilot.tuner.policy.proposal import Proposal
 from specpilot.tuner.policy.settings import TunerSettings
 from specpilot.tuner.state import TunerState
 
+FIRST_MOVE_HEADROOM = 2.0
+"""A fresh deployment (no switch yet) may move before its minimum dwell when the target's
+capacity, one sd down, is at least this many times the demand ahead: one window cannot tell
+where the load is going, but at half the capacity a rise would have to double to hurt."""
 RESTART_BUDGET_WINDOW_S = 3600.0
 """The restart budget counts restarts over this last span (per hour)."""
 
@@ -27,6 +32,19 @@ RESTART_BUDGET_WINDOW_S = 3600.0
 def recent_restarts(state: TunerState, now: float) -> list[float]:
     """The restarts that count against the budget now."""
     return [t for t in state.restarts if now - t < RESTART_BUDGET_WINDOW_S]
+
+
+def early_first_move(proposal: Proposal, state: TunerState) -> bool:
+    """Whether a fresh deployment may make its first move before the minimum dwell: a move
+    predicted better on the mean (not a trial) to a config with `FIRST_MOVE_HEADROOM`. Not a
+    move for capacity: in a world slower than its prior, a config never run at a large batch
+    may hold less than the prior says, and only a dwell's windows tell."""
+    return (
+        not state.restarts
+        and not proposal.trial
+        and proposal.headroom is not None
+        and proposal.headroom >= FIRST_MOVE_HEADROOM
+    )
 
 
 def gate(
@@ -39,7 +57,7 @@ def gate(
 ) -> str | None:
     target, gain = proposal.config.describe(), proposal.gain
     dwell = now - belief.state.since_s
-    if dwell < settings.min_dwell_s:
+    if dwell < settings.min_dwell_s and not early_first_move(proposal, belief.state):
         return (
             f"{target} predicted {gain:+.1%} but dwell {dwell:.0f}s < "
             f"minimum {settings.min_dwell_s:.0f}s"

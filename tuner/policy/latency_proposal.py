@@ -14,6 +14,7 @@ what the control loop checks after a switch, when the batch has not moved much. 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -138,6 +139,7 @@ def propose_for_latency(
             speed_gain=now.tpot_s / at_batch[best_config].tpot_s - 1.0,
             for_capacity=running_score.overloaded,
             detail=detail,
+            headroom=headroom(scores[best_config], peak),
         )
     if trial is None:
         return running, None
@@ -149,6 +151,11 @@ def propose_for_latency(
         speed_gain=now.tpot_s / at_batch[config].tpot_s - 1.0,
         detail=_detail(scores[config], running_score, demand, peak),
     )
+
+
+def headroom(score: LatencyScore, peak: float) -> float:
+    """The config's capacity one sd down over the demand ahead."""
+    return score.capacity * math.exp(-score.uncertainty) / peak if peak > 0 else math.inf
 
 
 def _within_slo(

@@ -42,6 +42,9 @@ class Proposal:
     """What the objective compared, for the decision's reason (None: tokens/s at the batch)."""
     trial: bool = False
     """Made to learn (an exploration), not because it is predicted better on the mean."""
+    headroom: float | None = None
+    """The config's capacity one sd down over the demand ahead (None: the objective does not
+    price capacity): how far the load could rise before the move would need undoing."""
 
 
 Trial = tuple[SpecConfig, Prediction, float, float]

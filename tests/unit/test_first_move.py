@@ -1,0 +1,72 @@
+"""A fresh deployment's first move: before the minimum dwell only when it is safe (the target
+holds twice the demand ahead, one sd down), never for capacity alone (a slow world's prior
+overrates what a config never run at a large batch holds); after the first switch the dwell
+holds whatever the load."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from test_latency_objective import COST, EAGLE, NO_SPEC, PRIORS, settings, window
+
+from specpilot.tuner import Decision, SpecConfig, TunerState, decide
+from specpilot.tuner.policy.gate import FIRST_MOVE_HEADROOM, early_first_move
+from specpilot.tuner.policy.proposal import Proposal
+
+DWELL_WINDOWS = 5
+"""The minimum dwell spans this many windows: the first window is well inside it."""
+
+
+def first_decision(
+    config: SpecConfig, batch: float, waiting: float = 0.0, restarted: bool = False
+) -> Decision:
+    # a fast restart: under overload a slow one adds its downtime to the queue
+    chosen = settings("latency", windows=DWELL_WINDOWS, restart_s=5.0)
+    state = TunerState.initial(config, 0.0, PRIORS)
+    if restarted:
+        state = replace(state, restarts=(0.0,))
+    decision, _ = decide(window(config, batch, waiting), state, chosen, COST, 60.0)
+    return decision
+
+
+def test_a_fresh_deployment_at_low_load_moves_after_its_first_window() -> None:
+    decision = first_decision(NO_SPEC, 2.0)
+    assert decision.action == "switch" and decision.config == EAGLE, decision.reason
+
+
+def test_after_a_switch_the_dwell_holds_even_at_low_load() -> None:
+    decision = first_decision(NO_SPEC, 2.0, restarted=True)
+    assert decision.action == "stay" and "dwell" in decision.reason, decision.reason
+
+
+def test_a_fresh_deployment_short_of_its_load_waits_out_the_dwell() -> None:
+    # its prior may overrate what a config never run at a large batch holds (a slow world)
+    batch = float(settings().max_batch)
+    held = first_decision(EAGLE, batch, waiting=400.0)
+    assert held.action == "stay" and "dwell" in held.reason, held.reason
+
+
+def proposal(
+    *, headroom: float | None, trial: bool = False, for_capacity: bool = False
+) -> Proposal:
+    return Proposal(
+        config=EAGLE,
+        prediction=None,  # type: ignore[arg-type]  # the rule reads none of it
+        improvement=1.0,
+        gain=0.5,
+        why="test",
+        headroom=headroom,
+        trial=trial,
+        for_capacity=for_capacity,
+    )
+
+
+def test_the_early_move_needs_headroom_and_is_never_a_trial_made_for_speed() -> None:
+    fresh = TunerState.initial(NO_SPEC, 0.0, PRIORS)
+    assert early_first_move(proposal(headroom=FIRST_MOVE_HEADROOM), fresh)
+    assert not early_first_move(proposal(headroom=FIRST_MOVE_HEADROOM * 0.99), fresh)
+    assert not early_first_move(proposal(headroom=None), fresh)  # objective without capacity
+    assert not early_first_move(proposal(headroom=10.0, trial=True), fresh)
+    assert not early_first_move(proposal(headroom=1.0, for_capacity=True), fresh)
+    moved = replace(fresh, restarts=(0.0,))
+    assert not early_first_move(proposal(headroom=10.0), moved)
