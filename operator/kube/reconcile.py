@@ -26,7 +26,7 @@ from specpilot.operator.api.names import API_VERSION, INSTANCE_LABEL, PLURAL, SI
 from specpilot.operator.api.spec import SpecDeploymentSpec, SpecError, config_to_status, decode_spec
 from specpilot.operator.kube import children as ch
 from specpilot.operator.kube.client import KubeRest, plural_of
-from specpilot.operator.kube.persisted_state import dump_state, load_state
+from specpilot.operator.kube.persisted_state import dump_state, load_rollout, load_state
 from specpilot.operator.kube.status import degraded_status, running_status, write_status
 from specpilot.tuner import SpecConfig
 
@@ -152,7 +152,8 @@ def reconcile(rest: KubeRest, body: Mapping[str, Any]) -> Obj:
     deployment = rest.get("apps/v1", "deployments", namespace, ch.deployment_name(name)) or {}
     new_status = running_status(status, spec, deployment, generation, name)
     new_status["currentConfig"] = config_to_status(state.current)
-    new_status["tunerState"] = dump_state(state, failed)
+    # a rollout in flight stays recorded: the next tick follows it (operator/kube/resume.py)
+    new_status["tunerState"] = dump_state(state, failed, load_rollout(status))
     write_status(rest, fresh, new_status)
     return new_status
 

@@ -249,3 +249,22 @@ def test_a_switch_to_no_speculation_leaves_no_stale_field_in_status(
     assert running_config(api, "plain") == SpecConfig()
     status = spd_of(api, "plain")["status"]
     assert status["currentConfig"] == config_to_status(SpecConfig()), status["currentConfig"]
+
+
+def test_a_reconcile_before_the_next_tick_keeps_the_rollout_in_flight(
+    api: ApiServer, rest: KubeRest
+) -> None:
+    """A restarted operator reconciles every object before its first tick (kopf's resume
+    handler): that status write must keep the rollout in flight, or the tick after it never
+    follows it (a crash-looping config would never be rolled back)."""
+    now = later()
+    target = killed_mid_rollout(api, rest, "reconciled", now)
+    reconcile(rest, spd_of(api, "reconciled"))  # the new operator's resume handler
+    assert stored(api, "reconciled")["rollout"]["config"] == target.to_dict()
+    assert running_config(api, "reconciled") == target  # it renders the switch, not reverts it
+    controller = Controller(api, "reconciled", crash=target)
+    outcome = tune(rest, spd_of(api, "reconciled"), now=now + 5,
+                   make_actuator=real_rollouts(busy(), controller.sleep))  # fmt: skip
+    assert outcome is not None and outcome.action == "error", outcome
+    assert running_config(api, "reconciled") == INITIAL  # rolled back
+    assert [c for c, _ in stored(api, "reconciled")["failed"]] == [target.to_dict()]
