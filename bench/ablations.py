@@ -2,7 +2,8 @@
 
 Run: .venv/bin/python bench/ablations.py [--only NAME ...] [--worlds N]
 Each run is one `specpilot bench --policies ...` command over the yardstick's traffic (the
-Azure conversation trace at peak 1.2 and the Poisson sweep, vLLM dialect, surge rollout): no
+Azure conversation trace at peak 1.2 and the Poisson sweep, vLLM dialect, surge rollout) and
+over bench/traces/taskmix.csv (the task mix moving at a steady 6 req/s): no
 speculation, the full tuner and each ablation (operator/app/bench/policies.py, `ABLATIONS`):
 - specpilot:no-gp: the residual GP off, the shared offset kept (every config corrected alike);
 - specpilot:moving-average: acceptance as the running method's length averaged at rate 0.3
@@ -32,6 +33,9 @@ POLICIES = ",".join([NO_SPEC, SPECPILOT, *ABLATIONS])
 RUNS: dict[str, list[str]] = {
     "azure-vllm-surge": ["--trace", AZURE, "--peak-load", "1.2", *VLLM, "--rollout", "surge"],
     "poisson-vllm": ["--trace", AZURE, "--poisson", "0.1:1.3:7", *VLLM, "--rollout", "surge"],
+    # The Azure trace is chat alone: the task mix moving (chat -> code -> summarize -> chat at
+    # 6 req/s) is what exercises what the posterior adds over a moving average.
+    "taskmix-vllm": ["--trace", "bench/traces/taskmix.csv", *VLLM, "--rollout", "surge"],
 }
 
 

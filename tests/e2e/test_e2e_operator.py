@@ -277,3 +277,52 @@ def _explain(apiserver: ApiServer, operator: Operator) -> None:
         print(f"{event['lastTimestamp']} x{event.get('count', 1)} {event['reason']}: "
               f"{event['message']}")  # fmt: skip
     print(operator.tail(3000))
+
+
+def test_the_tuners_trial_runs_on_a_canary_beside_the_main_pods(
+    apiserver: ApiServer,
+    kubelet: Kubelet,
+    operator: Operator,
+    models: Path,
+    load_factory: Any,
+) -> None:
+    """Exploration at operator level (issue 11 item 4): n-gram has never run here and its chat
+    prior is wide, so the tuner tries it as a trial, and the operator runs the trial on a
+    one-replica canary beside the two main pods (the spec asks for no canary) instead of
+    patching them; the canary is then promoted or discarded and deleted either way."""
+    body = json.loads(manifest("trial", "vllm", models, str(models / "eagle3")))
+    body["spec"]["replicas"] = 2
+    body["spec"]["speculative"]["candidates"] = [{"method": "ngram", "k": [3]}]
+    kubectl(apiserver, "apply", "--validate=false", "-f", "-", stdin=json.dumps(body))
+    try:
+        wait_for("two engine pods Ready", lambda: len(ready_pods(kubelet, "trial")) == 2, 90)
+        main_pods = set(ready_pods(kubelet, "trial"))
+        load_factory(kubelet, "trial", users=3, max_tokens=64)
+        canary = wait_for(
+            "a canary pod started",
+            lambda: [n for n in kubelet.started_pods if n.startswith("trial-canary-")],
+            timeout_s=120,
+            every_s=0.5,
+        )
+        assert canary
+        # the main pods were not patched for the trial: they still run the plain server
+        assert main_pods <= {p.name for p in kubelet.pods_of("trial")}
+        assert all(
+            SpecConfig.from_dict(_pod_config(p.pod)) == SpecConfig()
+            for p in kubelet.pods_of("trial")
+            if p.name in main_pods
+        )
+        decision = wait_for(
+            "the trial in status.lastDecision",
+            lambda: (d := _last_decision(apiserver, "trial")) and "ngram" in d["config"] and d,
+            timeout_s=120,
+        )
+        assert decision["reason"].startswith("exploring"), decision
+        wait_for(
+            "the canary Deployment deleted (promoted or discarded)",
+            lambda: apiserver.get("apps", "deployments", NAMESPACE, "trial-canary") is None,
+            timeout_s=120,
+        )
+    except AssertionError:
+        _explain(apiserver, operator)
+        raise
