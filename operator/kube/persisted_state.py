@@ -9,10 +9,10 @@ learned estimates; so is any other than the initial config in modes off and reco
 run what the spec says (an edit of `initial` takes effect there). `failed` (configs that
 failed to roll out, with when) rides in the same JSON object under its own key, which
 `TunerState.from_json` ignores; so does `rollout`, the switch in flight (`InFlight`: the config
-rolling out, the one it replaces, whether it is a rollback, since when), written before the
-template is patched and gone once the tick that made it ends, so a tick that finds it knows the
-operator that started it never saw it through (operator/kube/resume.py); `load_rollout` reads
-it. `dump_state` is the inverse.
+rolling out, the one it replaces, whether it is a rollback or a trial, since when), written
+before the template is patched and gone once the tick that made it ends, so a tick that finds it
+knows the operator that started it never saw it through (operator/kube/resume.py); `load_rollout`
+reads it. `dump_state` is the inverse.
 Status is the right home: it is per object, written with the rest of the status, and goes away
 with the object.
 """
@@ -43,10 +43,19 @@ class InFlight:
     """What it ran before (what a failed rollout goes back to)."""
     rolling_back: bool
     since_s: float
+    trial: bool = False
+    """A trial: `config` runs on a canary beside the main pods, which keep `previous` until
+    the canary is judged (a new operator abandons it: operator/kube/resume.py)."""
+
+    @property
+    def main_config(self) -> SpecConfig:
+        """What the main pods are to run meanwhile (what a reconcile renders)."""
+        return self.previous if self.trial else self.config
 
     def to_dict(self) -> dict[str, Any]:
-        return {"config": self.config.to_dict(), "previous": self.previous.to_dict(),
+        body = {"config": self.config.to_dict(), "previous": self.previous.to_dict(),
                 "rollingBack": self.rolling_back, "since": self.since_s}  # fmt: skip
+        return {**body, "trial": True} if self.trial else body
 
 
 def priors(spec: SpecDeploymentSpec) -> dict[str, AcceptanceCurve]:
@@ -104,6 +113,7 @@ def load_rollout(status: Mapping[str, Any]) -> InFlight | None:
             previous=SpecConfig.from_dict(found["previous"]),
             rolling_back=bool(found["rollingBack"]),
             since_s=float(found["since"]),
+            trial=bool(found.get("trial", False)),
         )
     except (ValueError, KeyError, TypeError, AttributeError, ConfigError) as exc:
         logger.warning("status.tunerState's rollout does not parse (%s); not resumed", exc)

@@ -145,15 +145,18 @@ def reconcile(rest: KubeRest, body: Mapping[str, Any]) -> Obj:
         write_status(rest, fresh, degraded_status(status, str(exc), generation))
         raise
     state, failed = load_state(status, spec, now=time.time())
+    inflight = load_rollout(status)
+    # a trial in flight runs on a canary only: the main pods keep what they ran until it is judged
+    running = inflight.main_config if inflight is not None else state.current
     actions = {}
-    for child in desired_objects(rest, fresh, spec, state.current):
+    for child in desired_objects(rest, fresh, spec, running):
         actions[f"{child['kind']}/{child['metadata']['name']}"] = apply_child(rest, child)
     _prune_sidecars(rest, name, namespace, actions)
     deployment = rest.get("apps/v1", "deployments", namespace, ch.deployment_name(name)) or {}
     new_status = running_status(status, spec, deployment, generation, name)
     new_status["currentConfig"] = config_to_status(state.current)
     # a rollout in flight stays recorded: the next tick follows it (operator/kube/resume.py)
-    new_status["tunerState"] = dump_state(state, failed, load_rollout(status))
+    new_status["tunerState"] = dump_state(state, failed, inflight)
     write_status(rest, fresh, new_status)
     return new_status
 

@@ -9,7 +9,10 @@ the rollout to its end. One that completes is the switch that was decided, whose
 dwell were counted when it was announced. One that fails is rolled back as the loop would
 have done: the rollback is announced first (so a second kill resumes the rollback), the
 previous config applied and followed, the failed one backed off. A rollback that was in flight
-is followed again; if it fails too, the error goes up and the next tick tries again. No window
+is followed again; if it fails too, the error goes up and the next tick tries again. A trial
+(its config on a canary beside the main pods) is abandoned, not judged or promoted: the main
+pods keep the previous config (put back if its promotion had begun), the canary is deleted,
+nothing is backed off. No window
 is observed meanwhile, so the old pods' metrics are never credited to the new config.
 Stops (a BaseException) pass through untouched, as in the loop.
 """
@@ -48,6 +51,14 @@ def resume(
 ) -> Resumed:
     target, before = inflight.config.describe(), inflight.previous.describe()
     what = "rollback to" if inflight.rolling_back else "rollout of"
+    if inflight.trial:  # never judged: the main pods keep (or go back to) what they ran
+        actuator.apply(inflight.previous)  # which deletes the canary too
+        reason = (
+            f"abandoned the trial of {target} that an earlier operator left in flight: "
+            f"the main pods run {before}"
+        )
+        back = replace(state, current=inflight.previous)
+        return Resumed("rollback", reason, "Normal", back, dict(failed))
     try:
         actuator.apply(inflight.config)
     except Exception as exc:

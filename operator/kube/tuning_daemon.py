@@ -159,15 +159,15 @@ class _Announcing:
     """Wraps the actuator: before a rollout, persist the intended config and phase Switching
     (or RollingBack), so a concurrent reconcile renders the same template."""
 
-    def __init__(self, inner: Actuator, on_apply: Callable[[SpecConfig], None]) -> None:
+    def __init__(self, inner: Actuator, on_apply: Callable[[SpecConfig, bool], None]) -> None:
         self._inner, self._on_apply = inner, on_apply
 
     def apply(self, config: SpecConfig) -> None:
-        self._on_apply(config)
+        self._on_apply(config, False)
         self._inner.apply(config)
 
     def apply_trial(self, config: SpecConfig) -> None:
-        self._on_apply(config)
+        self._on_apply(config, True)
         if isinstance(self._inner, TrialActuator):
             self._inner.apply_trial(config)
         else:
@@ -251,14 +251,14 @@ def _tick(
         _loops.pop(key, None)  # its goodput check, if any, was for another window
         return _resumed(rest, fresh, resumed)
 
-    def announce(config: SpecConfig) -> None:
+    def announce(config: SpecConfig, trial: bool) -> None:
         rolling_back = config == state.current or (loop is not None and loop.rolling_back)
         # the switch counts against the dwell and the restart budget from now, even if this
         # operator dies before the tick ends (a rollback restarts the dwell, not the budget)
         restarts = state.restarts if rolling_back else (*state.restarts, now)
         intended = replace(state, current=config, since_s=now, restarts=restarts)
         backed_off = loop._failed if loop is not None and rolling_back else failed
-        flight = InFlight(config, state.current, rolling_back, now)
+        flight = InFlight(config, state.current, rolling_back, now, trial and not rolling_back)
         _announce(rest, fresh, status, flight, intended, backed_off, sleep)
 
     loop: ControlLoop | None = None

@@ -6,6 +6,7 @@ server (tests/kube, a MOCK), whose Deployment controller is played in the actuat
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -23,6 +24,7 @@ from tuning_helpers import (
 )
 from tuning_helpers import spd as spd_of
 
+from specpilot.operator import loop as loop_module
 from specpilot.operator.api.spec import config_to_status, decode_spec
 from specpilot.operator.kube.client import KubeRest
 from specpilot.operator.kube.persisted_state import load_state
@@ -268,3 +270,50 @@ def test_a_reconcile_before_the_next_tick_keeps_the_rollout_in_flight(
     assert outcome is not None and outcome.action == "error", outcome
     assert running_config(api, "reconciled") == INITIAL  # rolled back
     assert [c for c, _ in stored(api, "reconciled")["failed"]] == [target.to_dict()]
+
+
+TRIAL = SpecConfig(method="ngram", num_speculative_tokens=2)
+
+
+def test_a_trial_left_in_flight_is_abandoned_not_promoted(
+    api: ApiServer, rest: KubeRest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trial runs on a canary beside the main pods until it is judged. An operator killed
+    meanwhile leaves it unjudged: the next one neither renders it on the main pods (its
+    reconcile) nor promotes it (its first tick); it deletes the canary, nothing backed off."""
+    create(api, "tried")
+    two = {"spec": {"replicas": 2}}
+    rest.patch("specpilot.io/v1alpha1", "specdeployments", "default", "tried", two)
+    reconcile(rest, spd_of(api, "tried"))
+    real_decide = loop_module.decide
+
+    def a_trial(*args: Any, **kwargs: Any) -> Any:  # the tuner exploring, as it may
+        decision, state = real_decide(*args, **kwargs)
+        trial = replace(decision, action="switch", config=TRIAL, trial=True)
+        return trial, replace(state, current=TRIAL)
+
+    monkeypatch.setattr(loop_module, "decide", a_trial)
+    controller = Controller(api, "tried")
+
+    def killed_comparing(seconds: float) -> None:  # once the canary is up and being compared
+        if api.get("apps", "deployments", "default", "tried-canary") and controller.sleeps:
+            raise Stopping("SIGKILL")
+        controller.sleep(seconds)
+
+    make = real_rollouts(busy(), killed_comparing)
+    with pytest.raises(Stopping):
+        tune(rest, spd_of(api, "tried"), now=later(), make_actuator=make)
+    monkeypatch.undo()
+    forget("default", "tried")
+    assert stored(api, "tried")["rollout"]["trial"] is True
+    reconcile(rest, spd_of(api, "tried"))  # the new operator's resume handler
+    assert running_config(api, "tried") == INITIAL  # not the unjudged trial
+    make = real_rollouts(busy(), Controller(api, "tried").sleep)
+    outcome = tune(rest, spd_of(api, "tried"), now=later() + 5, make_actuator=make)
+    assert outcome is not None and "abandoned the trial" in outcome.reason, outcome
+    assert running_config(api, "tried") == INITIAL
+    assert api.get("apps", "deployments", "default", "tried-canary") is None
+    state = stored(api, "tried")
+    assert "rollout" not in state and state["current"] == INITIAL.to_dict()
+    assert state.get("failed", []) == []
+    assert spd_of(api, "tried")["status"]["currentConfig"] == config_to_status(INITIAL)

@@ -130,8 +130,8 @@ class Controller:
 
 
 class RealRollouts:
-    """A real `KubeActuator` over HTTP for `apply`; `observe` returns a scripted window (the
-    mock has no engine pods to scrape)."""
+    """A real `KubeActuator` over HTTP for `apply` and `apply_trial`; `observe` returns a
+    scripted window (the mock has no engine pods to scrape)."""
 
     def __init__(self, inner: KubeActuator, observation: Observation) -> None:
         self.inner, self.observation = inner, observation
@@ -139,6 +139,9 @@ class RealRollouts:
 
     def apply(self, config: SpecConfig) -> None:
         self.inner.apply(config)
+
+    def apply_trial(self, config: SpecConfig) -> None:
+        self.inner.apply_trial(config)
 
     def observe(self, window_s: float) -> Observation:
         self.observed += 1
