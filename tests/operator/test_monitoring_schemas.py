@@ -6,12 +6,15 @@ from the npm package @kubernetes-models/prometheus-operator (validators compiled
 CRDs' openAPIV3Schema), which `make` installs from tests/operator/prometheus_operator's lock;
 validate.mjs there runs them.
 
-What this cannot catch: a field the CRD does not name. The CRDs' schemas do not forbid unknown
-fields (the API server prunes them), so neither do their validators."""
+The CRDs' schemas do not forbid unknown fields (the API server prunes them, so a misspelt
+field is silently dropped), and neither do the compiled validators: a field no schema names is
+found by `unknown_fields`, from the field names in the same package's TypeScript declarations
+(generated from the same CRDs)."""
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -26,16 +29,18 @@ from specpilot.operator.kube.children import desired_monitor
 
 HERE = Path(__file__).resolve().parent / "prometheus_operator"
 MODELS = REPO / ".tools" / "prometheus-operator-schemas"
+PACKAGE = MODELS / "node_modules" / "@kubernetes-models" / "prometheus-operator"
+KINDS = ("PodMonitor", "ServiceMonitor", "PrometheusRule")
 
 Obj = dict[str, Any]
 
 
 def schema_errors(objects: list[Obj]) -> list[list[str]]:
-    """For each object, what the Prometheus Operator's CRD schema says is wrong with it."""
+    """For each object, what the Prometheus Operator's CRD schema says is wrong with it, and
+    the fields it does not name."""
     node = shutil.which("node")
     assert node, "node is missing (the machine's Node.js runs the CRD validators)"
-    installed = MODELS / "node_modules" / "@kubernetes-models" / "prometheus-operator"
-    assert installed.is_dir(), f"{installed} is missing: `make` installs it"
+    assert PACKAGE.is_dir(), f"{PACKAGE} is missing: `make` installs it"
     done = subprocess.run(
         [node, str(HERE / "validate.mjs"), str(MODELS)],
         input=json.dumps(objects),
@@ -47,7 +52,59 @@ def schema_errors(objects: list[Obj]) -> list[list[str]]:
     assert done.returncode == 0, done.stderr
     errors: list[list[str]] = json.loads(done.stdout)
     assert len(errors) == len(objects)
+    for obj, found in zip(objects, errors, strict=True):
+        if obj.get("kind") in KINDS:
+            found += unknown_fields(obj, declared_fields(obj["kind"]))
     return errors
+
+
+FieldTree = dict[str, "FieldTree | None"]
+_PROPERTY = re.compile(r'^"(?P<name>[^"]+)"\??: (?P<type>.+)$|^\[key: string\]: (?P<map>.+)$')
+
+
+def declared_fields(kind: str) -> FieldTree:
+    """The fields of `kind` as the package's declarations (monitoring.coreos.com/v1/KIND.d.ts)
+    name them: name -> its fields (None: a leaf or a type declared elsewhere, as metadata);
+    "*" for any key of a map. The file is generated, one property per line; a line of another
+    shape fails here rather than being read wrongly."""
+    path = PACKAGE / "monitoring.coreos.com" / "v1" / f"{kind}.d.ts"
+    lines = path.read_text(encoding="utf-8").splitlines()
+    start = lines.index(f"export interface I{kind} {{")
+    root: FieldTree = {}
+    stack = [root]
+    for line in lines[start + 1 :]:
+        text = line.strip()
+        if text.startswith("}"):
+            if len(stack) == 1:
+                return root
+            stack.pop()
+            continue
+        found = _PROPERTY.match(text)
+        assert found, f"{path.name}: cannot read {text!r}"
+        name = found["name"] or "*"
+        if (found["type"] or found["map"]).endswith("{"):
+            child: FieldTree = {}
+            stack[-1][name] = child
+            stack.append(child)
+        else:
+            stack[-1][name] = None
+    raise AssertionError(f"{path.name}: interface I{kind} never closes")
+
+
+def unknown_fields(value: object, tree: FieldTree | None, path: str = "") -> list[str]:
+    if isinstance(value, list):
+        return [
+            e for i, item in enumerate(value) for e in unknown_fields(item, tree, f"{path}/{i}")
+        ]
+    if not isinstance(value, dict) or tree is None:
+        return []
+    out = []
+    for key, item in value.items():
+        if key not in tree and "*" not in tree:
+            out.append(f"{path}/{key}: a field the CRD does not have")
+            continue
+        out += unknown_fields(item, tree[key] if key in tree else tree["*"], f"{path}/{key}")
+    return out
 
 
 def monitoring_objects(docs: list[Obj]) -> list[Obj]:
@@ -56,7 +113,7 @@ def monitoring_objects(docs: list[Obj]) -> list[Obj]:
 
 def test_the_schemas_refuse_what_prometheus_operator_refuses() -> None:
     """The check can fail: each of these breaks the CRD (a duration, a required field, an
-    enum, a type), and a kind without a schema is never passed."""
+    enum, a type, a field it does not have), and a kind without a schema is never passed."""
     monitor = {"apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor"}
     endpoint = {"port": "http", "path": "/metrics", "interval": "15s"}
     good = {**monitor, "metadata": {"name": "m"}, "spec": {"selector": {}}}
@@ -78,6 +135,9 @@ def test_the_schemas_refuse_what_prometheus_operator_refuses() -> None:
             "spec": {"selector": {}, "endpoints": [{"port": 9090}]},
         },
         {"apiVersion": "monitoring.coreos.com/v1", "kind": "Probe", "metadata": {"name": "p"}},
+        # misspelt: the schema allows it (the API server would drop it), the field names do not
+        {**good, "spec": {"selector": {}, "podMetricEndpoints": [endpoint]}},
+        {**good, "spec": {"selector": {"matchLabel": {"a": "b"}}, "podMetricsEndpoints": []}},
     ]
     first, *rest = schema_errors([good, *bad])
     assert first == []
@@ -85,6 +145,8 @@ def test_the_schemas_refuse_what_prometheus_operator_refuses() -> None:
         assert errors, f"accepted {obj}"
     assert "/spec/podMetricsEndpoints/0/interval" in rest[0][0]
     assert "selector" in rest[1][0]
+    assert rest[-2] == ["/spec/podMetricEndpoints: a field the CRD does not have"]
+    assert rest[-1] == ["/spec/selector/matchLabel: a field the CRD does not have"]
 
 
 MONITORING_ON = [
