@@ -59,13 +59,16 @@ class LocalEngine:
         self.stop()
         log = self.log_dir / f"engine-{self.restarts}.log"
         with log.open("wb") as handle:
-            self._process = subprocess.Popen(
-                [*self.program, *args],
-                stdout=handle,
-                stderr=subprocess.STDOUT,
-                env=self.env,
-                start_new_session=True,
-            )
+            try:
+                self._process = subprocess.Popen(
+                    [*self.program, *args],
+                    stdout=handle,
+                    stderr=subprocess.STDOUT,
+                    env=self.env,
+                    start_new_session=True,
+                )
+            except OSError as exc:  # no such interpreter, not executable
+                raise EngineStartError(f"cannot start {self.program[0]!r}: {exc}") from exc
         self._wait_healthy(log)
         self.config = config
         self.restarts += 1

@@ -123,12 +123,13 @@ def parse_snapshot(text: str, timestamp: float, keep: Collection[str] | None = N
 def fetch_snapshot(
     client: httpx.Client, url: str, timestamp: float, keep: Collection[str] | None = None
 ) -> Snapshot:
-    """GET a /metrics URL; transport and HTTP errors become `ScrapeError`."""
+    """GET a /metrics URL; transport and HTTP errors, and a URL httpx refuses (a control
+    character, a bad port), become `ScrapeError`."""
     try:
         response = client.get(url)
         response.raise_for_status()
-    except httpx.HTTPError as exc:
-        raise ScrapeError(f"cannot scrape {url}: {exc}") from exc
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:
+        raise ScrapeError(f"cannot scrape {url!r}: {exc}") from exc
     return parse_snapshot(response.text, timestamp, keep)
 
 

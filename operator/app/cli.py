@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import re
 import shlex
 import sys
 import time
@@ -26,6 +27,8 @@ from specpilot.operator.app.bench import command as bench_command
 from specpilot.operator.app.cli_conventions import (
     add_json_option,
     apply_conventions,
+    check_port,
+    check_seconds,
     progress,
     write_json,
 )
@@ -33,6 +36,7 @@ from specpilot.operator.app.cluster_check import ClusterUnreachable
 from specpilot.operator.app.demo import command as demo_command
 from specpilot.runtime.engine_metrics import observe, observe_per_pod
 from specpilot.runtime.engines import ADAPTERS, LaunchSettings, get_adapter
+from specpilot.runtime.local_engine import EngineStartError
 from specpilot.runtime.promql import PromQLError, PromQLReader
 from specpilot.runtime.scrape import ScrapeError
 from specpilot.runtime.window import WindowReader
@@ -41,6 +45,7 @@ from specpilot.tuner import PROFILES, ConfigError, SpecConfig, get_profile
 
 def _render(ns: argparse.Namespace) -> int:
     adapter = get_adapter(ns.engine)
+    check_port("--port", ns.port)
     config = SpecConfig.from_json(ns.config)
     base = LaunchSettings(
         model=ns.model,
@@ -77,6 +82,8 @@ def _parse(ns: argparse.Namespace) -> int:
 
 
 def _observe(ns: argparse.Namespace) -> int:
+    check_seconds("--window", ns.window, zero=True)  # 0: one reading, now
+    check_seconds("--interval", ns.interval)
     if ns.prometheus:
         reader = PromQLReader(ns.prometheus, pod_label=ns.pod_label, selector=ns.selector)
         stats = reader.window_stats(ns.engine, ns.window, time.time())
@@ -97,6 +104,9 @@ def _probe(ns: argparse.Namespace) -> int:
     from specpilot.runtime.probe import run_probe
 
     profile = get_profile(ns.model_profile)
+    check_seconds("--max-seconds", ns.max_seconds)
+    if not re.fullmatch(r"auto|cpu|cuda(:[0-9]+)?", ns.device):
+        raise ConfigError("--device", ns.device, "auto | cpu | cuda | cuda:N")
     with progress(f"probing {profile.name} (budget {ns.max_seconds:g} s)", None):
         result = run_probe(profile, device=ns.device, max_seconds=ns.max_seconds, seed=ns.seed)
     if ns.json is not None:
@@ -213,7 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _guarded(run: Callable[[], int]) -> int:
     try:
         return run()
-    except (ConfigError, ScrapeError, PromQLError, ClusterUnreachable) as exc:
+    except (ConfigError, ScrapeError, PromQLError, ClusterUnreachable, EngineStartError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

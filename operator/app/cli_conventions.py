@@ -8,6 +8,9 @@ Contract:
   command's full result as JSON to PATH, or to standard output when PATH is `-` or left out
   (then nothing else goes to standard output). Without it a command prints its human summary.
   `write_json` does the writing; an unwritable PATH is a `ConfigError` naming `--json`.
+- `check_seconds(flag, value)`, `check_count(flag, value)` and `check_port(flag, value)` refuse,
+  as a `ConfigError` naming the flag, a number no run could use (NaN, infinity, a negative
+  count, a port past 65535) before anything starts.
 - `progress(label, total)` is a rich progress bar on standard error when standard error is a
   terminal, and a silent stand-in otherwise (pipes, CI logs and tests get no escape codes).
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -42,6 +46,25 @@ class HelpFormatter(argparse.HelpFormatter):
             or not action.option_strings
         )
         return f"{text} (default: %(default)s)" if shown else text
+
+
+def check_seconds(flag: str, value: float | None, *, zero: bool = False) -> None:
+    """A duration: finite and above 0 (or at least 0 with `zero`); None is unset."""
+    if value is None:
+        return
+    if not (math.isfinite(value) and (value >= 0 if zero else value > 0)):
+        floor = "0 or more" if zero else "above 0"
+        raise ConfigError(flag, value, f"a finite number of seconds {floor}")
+
+
+def check_count(flag: str, value: int) -> None:
+    if value < 0:
+        raise ConfigError(flag, value, "an integer of 0 or more")
+
+
+def check_port(flag: str, value: int) -> None:
+    if not 1 <= value <= 65535:
+        raise ConfigError(flag, value, "a TCP port in 1..65535")
 
 
 def apply_conventions(parser: argparse.ArgumentParser) -> None:

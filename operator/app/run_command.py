@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import cast
 
+from specpilot.operator.app.cli_conventions import check_count, check_port, check_seconds
 from specpilot.operator.loop import ControlLoop, TickRecord
 from specpilot.runtime.engines import LaunchSettings, get_adapter
 from specpilot.runtime.local_engine import LocalEngine
@@ -92,7 +93,21 @@ def _candidates(ns: argparse.Namespace) -> tuple[SpecConfig, ...]:
     return tuple(configs)
 
 
+def _check_numbers(ns: argparse.Namespace) -> None:
+    """Numbers no run could use, refused before the engine starts."""
+    check_port("--port", ns.port)
+    check_seconds("--window", ns.window)
+    check_seconds("--min-dwell", ns.min_dwell, zero=True)
+    check_seconds("--restart-downtime", ns.restart_downtime, zero=True)
+    check_count("--ticks", ns.ticks)
+    check_count("--restart-budget", ns.restart_budget)
+    slo = ns.slo_tpot_p95_ms
+    if slo is not None and not (math.isfinite(slo) and slo > 0):
+        raise ConfigError("--slo-tpot-p95-ms", slo, "a finite number of milliseconds above 0")
+
+
 def run(ns: argparse.Namespace) -> int:
+    _check_numbers(ns)
     candidates = _candidates(ns)
     initial = SpecConfig()
     if ns.initial != "none":

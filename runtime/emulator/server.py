@@ -35,6 +35,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -157,6 +158,8 @@ def parse_settings(argv: Sequence[str]) -> EmulatorSettings:
     perf = StepCost.for_hardware(ns.gpu, ns.model_profile)  # validates both names
     world = draw_world(ns.world_seed)  # validates the seed
     load_delay = ns.load_delay
+    if load_delay is not None and not (math.isfinite(load_delay) and load_delay >= 0):
+        raise ConfigError("--load-delay", load_delay, "a finite number of seconds, 0 or more")
     if load_delay is None:
         load_delay = LOAD_SECONDS_PER_BILLION_PARAMS * perf.profile.params / 1e9
     load_delay = world.start_time_s(load_delay)
