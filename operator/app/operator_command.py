@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import os
 import random
+import re
 
 from specpilot.tuner import ConfigError
 
@@ -65,6 +66,19 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     parser.set_defaults(run=run)
 
 
+_DNS_SUBDOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+
+
+def _check_flags(ns: argparse.Namespace) -> None:
+    """Ports a socket cannot bind and a peering name no object can have, before kopf starts
+    (it would fail on them after logging in, or patch a peering object the server refuses)."""
+    for flag, port in (("--liveness-port", ns.liveness_port), ("--metrics-port", ns.metrics_port)):
+        if not 0 <= port <= 65535:
+            raise ConfigError(flag, port, "a TCP port in 0..65535 (0: none)")
+    if len(ns.peering) > 253 or not re.fullmatch(_DNS_SUBDOMAIN, ns.peering):
+        raise ConfigError("--peering", ns.peering, "a lowercase DNS subdomain name")
+
+
 def run(ns: argparse.Namespace) -> int:
     import kopf
 
@@ -74,6 +88,7 @@ def run(ns: argparse.Namespace) -> int:
     from specpilot.operator.kube.url_policy import UrlAllowList
 
     url_policy = UrlAllowList.configured(ns.prometheus_url_allow)  # a bad prefix fails here
+    _check_flags(ns)
     # The installer's monitor labels and the cluster are checked before kopf starts: kopf
     # retries an unreachable cluster forever, and bad labels would fail every reconcile.
     configured_monitor_labels()

@@ -100,6 +100,10 @@ NO_RUN_COULD_USE = [
     ],
     (["run", "--model", "m", "--python", "/nonexistent/python3", "--ticks", "1"],
      "cannot start '/nonexistent/python3'"),
+    # operator: refused before it looks for a cluster (there is none at this kubeconfig)
+    (["operator", "--kubeconfig", "/nonexistent", "--liveness-port", "99999"], "--liveness-port"),
+    (["operator", "--kubeconfig", "/nonexistent", "--metrics-port", "-1"], "--metrics-port"),
+    (["operator", "--kubeconfig", "/nonexistent", "--peering", "$(x)"], "--peering"),
 ]  # fmt: skip
 
 
