@@ -223,3 +223,71 @@ def test_a_non_streaming_client_that_gives_up_frees_its_request(roomy: Emulator)
     short = {**body, "max_tokens": 4}
     answer = httpx.post(f"{emulator.url}/v1/chat/completions", json=short, timeout=30)
     assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 4
+
+
+PATHS = ["/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics"]
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    method=st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH"]),
+    path=st.sampled_from(PATHS) | st.text(max_size=12).map(lambda t: "/" + t),
+    query=st.dictionaries(st.text(max_size=6), st.text(max_size=12), max_size=2),
+    content_type=st.sampled_from(["application/json", "text/plain", "", "multipart/form-data"]),
+    raw=RAW,
+)
+def test_any_method_path_and_query_gets_an_answer_never_a_5xx(
+    emulator: Emulator,
+    method: str,
+    path: str,
+    query: dict[str, str],
+    content_type: str,
+    raw: bytes,
+) -> None:
+    """Wrong methods, unknown or odd paths (spaces, `..`, `%`), query strings and content
+    types: a 4xx with a JSON message, or the route's answer; never a 5xx."""
+    headers = {"Content-Type": content_type} if content_type else {}
+    try:
+        request = httpx.Request(
+            method, f"{emulator.url}{path}", params=query, content=raw, headers=headers
+        )
+    except (httpx.InvalidURL, UnicodeEncodeError):
+        return  # the client refuses to send it: nothing reaches the server
+    with httpx.Client(timeout=30) as client:
+        response = client.send(request)
+    assert response.status_code < 500, response.text
+    if response.status_code >= 400:
+        error = response.json()["error"]
+        assert error["code"] == response.status_code and error["message"].strip()
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "$(touch /tmp/pwned); `id`",
+        "line\nbreak\r\n",
+        "x" * 10_240,
+        "ünïcødé ✓ 模型",
+        "\x00\x1b[31m",
+    ],
+)
+def test_hostile_text_in_model_prompt_and_messages_is_served_or_refused_by_name(
+    emulator: Emulator, text: str
+) -> None:
+    """A prompt or message holding shell metacharacters, control characters or 10 kB is
+    served like any text; a model name the emulator does not serve is a 404 naming it."""
+    prompt = {"model": "llama", "prompt": text, "max_tokens": 2}
+    served = httpx.post(f"{emulator.url}/v1/completions", json=prompt, timeout=30)
+    assert served.status_code == 200, served.text
+    chat = {"model": "llama", "messages": [{"role": "user", "content": text}], "max_tokens": 2}
+    served = httpx.post(f"{emulator.url}/v1/chat/completions", json=chat, timeout=30)
+    assert served.status_code == 200, served.text
+    unknown = httpx.post(
+        f"{emulator.url}/v1/completions", json={**prompt, "model": text}, timeout=30
+    )
+    assert 400 <= unknown.status_code < 500, unknown.text
+    assert unknown.json()["error"]["message"].strip()
