@@ -10,6 +10,7 @@ Usage (any test, sync or async; the server runs on its own thread and event loop
         api.env()        # os.environ plus KUBECONFIG=api.kubeconfig, for subprocesses
         api.operator_kubeconfig, api.operator_env()  # the same as the operator's account
         api.denials()    # requests RBAC refused on the operator's account
+        api.grants()     # requests RBAC let through on it ('verb group/resource')
         api.get("apps", "deployments", "default", "x")   # a snapshot dict, or None
         api.list("", "configmaps", namespace="default")  # snapshots, sorted by name
         api.call(lambda kube: ...)                       # run on the server's loop
@@ -86,6 +87,10 @@ class ApiServer:
 
     def denials(self) -> list[str]:
         return self.call(lambda kube: list(kube.denials))
+
+    def grants(self) -> list[str]:
+        """Requests the operator's rules let through, as 'verb group/resource'."""
+        return self.call(lambda kube: list(kube.grants))
 
 
 ADMIN_TOKEN = "kmock"

@@ -102,6 +102,8 @@ class RealisticKubernetes(kmock.KubernetesScaffold):
     """Bearer token -> RBAC rules enforced on its requests; other tokens may do anything."""
     denials: list[str] = attrs.field(factory=list, init=False)
     """Every request refused by `rbac`, as 'verb group/resource', for the tests to assert on."""
+    grants: list[str] = attrs.field(factory=list, init=False)
+    """Every request `rbac` let through, as 'verb group/resource' (what the account used)."""
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -234,6 +236,7 @@ class RealisticKubernetes(kmock.KubernetesScaffold):
                 verb = "delete" if route.name else "deletecollection"
         resource = f"{route.plural}/{route.sub}" if route.sub else route.plural
         if chart.allows(rules, verb, route.group, resource):
+            self.grants.append(f"{verb} {route.group}/{resource}")
             return
         self.denials.append(f"{verb} {route.group}/{resource}")
         where = f' in the namespace "{route.namespace}"' if route.namespace else ""

@@ -146,10 +146,12 @@ def test_namespaced_mode_grants_rights_only_in_its_namespaces(tmp_path: Path) ->
         rules = role["rules"]
         assert allowed_verbs(rules, "apps", "deployments") >= {"create", "patch", "delete"}
         assert "create" in allowed_verbs(rules, "kopf.dev", "kopfpeerings")
-    # cluster-wide, the operator may only read CRDs (kopf's discovery)
+    # cluster-wide, the operator may only read CRDs (kopf's discovery) and namespaces (kopf
+    # matches its --namespace names against them)
     cluster = find(docs, "ClusterRole", "rel-specpilot")["rules"]
     assert [(r["apiGroups"], r["resources"], r["verbs"]) for r in cluster] == [
-        (["apiextensions.k8s.io"], ["customresourcedefinitions"], ["list", "watch"])
+        (["apiextensions.k8s.io"], ["customresourcedefinitions"], ["list", "watch"]),
+        ([""], ["namespaces"], ["list", "watch"]),
     ]
     args = find(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--namespace=llm-prod" in args and "--namespace=llm-staging" in args

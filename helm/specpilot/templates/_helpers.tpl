@@ -59,35 +59,34 @@ the ClusterRole (cluster-wide mode) and the per-namespace Roles (namespaced mode
 - apiGroups: [specpilot.io]
   resources: [specdeployments]
   verbs: [get, list, watch, patch]
-# Status: phase, current config, observations, decisions, conditions, tuner state.
+# Status: phase, current config, observations, decisions, conditions, tuner state (written
+# with a merge patch; read with the object).
 - apiGroups: [specpilot.io]
   resources: [specdeployments/status]
-  verbs: [get, patch]
-# An Event for every decision, rollout and rollback (kopf posts core/v1 Events); a repeat
-# of the same Event is read and its count patched.
+  verbs: [patch]
+# An Event for every decision, rollout and rollback (kopf and SpecPilot post core/v1 Events);
+# a repeat of the same Event is read and its count patched.
 - apiGroups: [""]
   resources: [events]
   verbs: [create, get, patch]
-- apiGroups: [events.k8s.io]
-  resources: [events]
-  verbs: [create]
-# Owned children: engine Deployments (main and canary, deleted after a canary), the Service,
-# sidecar ConfigMaps (immutable, pruned when no longer referenced).
+# Owned children, read by name and written (never listed or watched): engine Deployments
+# (main and canary, deleted after a canary), the Service, sidecar ConfigMaps (immutable;
+# listed by label to prune those no longer referenced).
 - apiGroups: [apps]
   resources: [deployments]
-  verbs: [get, list, watch, create, patch, delete]
+  verbs: [get, create, patch, delete]
 - apiGroups: [""]
   resources: [services]
-  verbs: [get, list, watch, create, patch]
+  verbs: [get, create, patch]
 - apiGroups: [""]
   resources: [configmaps]
-  verbs: [get, list, watch, create, patch, delete]
-# Engine pods: readiness during a rollout and their /metrics when scraping directly.
+  verbs: [get, list, create, patch, delete]
+# Engine pods, listed by label: readiness during a rollout and their /metrics when scraping.
 - apiGroups: [""]
   resources: [pods]
-  verbs: [get, list, watch]
+  verbs: [list]
 # Prometheus Operator monitors, created only where their CRDs exist.
 - apiGroups: [monitoring.coreos.com]
   resources: [podmonitors, servicemonitors]
-  verbs: [get, list, watch, create, patch]
+  verbs: [get, create, patch]
 {{- end -}}
