@@ -38,6 +38,7 @@ from typing import Any
 
 from specpilot.operator.app.bench.run import Setup, Tuning, control_loop
 from specpilot.operator.app.bench.traffic import requests_from_rates
+from specpilot.operator.app.cli_conventions import check_count, check_seconds
 from specpilot.operator.app.demo.actuator import RecordingActuator, Switch
 from specpilot.operator.app.demo.live_view import Frame, LiveView
 from specpilot.operator.app.demo.load import LoadGenerator, plan_requests
@@ -53,7 +54,7 @@ from specpilot.runtime.emulator.core import Request
 from specpilot.runtime.engines import LaunchSettings
 from specpilot.runtime.local_engine import LocalEngine
 from specpilot.runtime.traces import Trace, TraceRow, load_trace, parse_trace
-from specpilot.tuner import ConfigError, SpecConfig
+from specpilot.tuner import ConfigError, SpecConfig, get_gpu, get_profile
 
 # A day's shape in 180 s: night, morning ramp, a busy peak past saturation (~50 req/s of chat
 # saturates the emulated H100 with this model), then a moderate afternoon whose task mix moves
@@ -139,7 +140,24 @@ def _raise_exit(signum: int, _frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)  # unwinds through the finally that stops the engine
 
 
+def _check(ns: argparse.Namespace) -> None:
+    """What no demo could use, refused before the emulator starts (one error line each)."""
+    check_seconds("--window", ns.window)
+    check_seconds("--min-dwell", ns.min_dwell, zero=True)
+    check_seconds("--load-delay", ns.load_delay, zero=True)
+    check_count("--restart-budget", ns.restart_budget)
+    if not (math.isfinite(ns.slo_tpot_ms) and ns.slo_tpot_ms > 0):
+        allowed = "a finite number of milliseconds above 0"
+        raise ConfigError("--slo-tpot-ms", ns.slo_tpot_ms, allowed)
+    get_gpu(ns.gpu)
+    get_profile(ns.model_profile)
+    out = Path(ns.out)
+    if out.exists() and not out.is_dir():
+        raise ConfigError("--out", ns.out, "a folder (or a path where one can be made)", "a file")
+
+
 def run(ns: argparse.Namespace) -> int:
+    _check(ns)
     trace = load_trace(ns.trace) if ns.trace else parse_trace(DEMO_DAY, "demo-day")
     trace = stretch(trace, ns.duration)
     # The requests the load generator sends (plan_requests draws the same sequence).
@@ -162,7 +180,10 @@ def run(ns: argparse.Namespace) -> int:
         ),
     )
     out = Path(ns.out)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError("--out", ns.out, "a folder that can be made", str(exc)) from None
     view = LiveView()
     launch = LaunchSettings(
         model="/models/llama-3.1-8b",
