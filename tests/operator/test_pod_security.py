@@ -21,7 +21,8 @@ from crd_validation import ROOT
 from kube.chart import CHART, find, render
 
 from specpilot.operator.api.spec import decode_spec
-from specpilot.operator.kube.children import desired_deployment
+from specpilot.operator.kube.children import desired_children, desired_deployment
+from specpilot.tuner import SpecConfig
 
 Obj = dict[str, Any]
 RESTRICTED_VOLUMES = {
@@ -145,3 +146,19 @@ def test_the_default_engine_pod_sets_nothing_it_is_not_given() -> None:
     readme = " ".join((CHART / "README.md").read_text(encoding="utf-8").split())
     for setting in ("allowPrivilegeEscalation", "seccompProfile", "capabilities"):
         assert setting in readme, setting
+
+
+def test_a_gated_models_token_reaches_the_engine_as_a_secret_reference_only() -> None:
+    """A gated model's Hugging Face token: the spec names a Secret's key, the engine container
+    gets that reference (the kubelet resolves it in the pod), and SpecPilot renders no Secret
+    and no value: it never reads one (its RBAC grants no Secrets: test_rbac_least_privilege)."""
+    token = {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}
+    spec = {"engine": "vllm", "model": "meta-llama/Llama-3.1-8B-Instruct", "env": [token]}
+    decoded = decode_spec(spec)
+    children = desired_children(
+        name="x", namespace="ns", spec=decoded, config=decoded.initial, canary_config=SpecConfig()
+    )
+    assert not [c for c in children if c["kind"] == "Secret"]
+    for deployment in (c for c in children if c["kind"] == "Deployment"):
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        assert [e for e in container["env"] if e["name"] == "HF_TOKEN"] == [token]

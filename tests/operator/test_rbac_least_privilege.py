@@ -182,6 +182,9 @@ def check_least_privilege(workdir: Path, rules: list[dict[str, Any]], *operator_
     seen |= service_monitors_only(workdir / "servicemonitors", rules)
     unused = granted(rules) - seen
     assert not unused, f"granted and never used: {sorted(unused)}; used: {sorted(seen)}"
+    # The operator never reads Secrets: a gated model's token is a secretKeyRef the kubelet
+    # resolves in the engine pod (test_pod_security.py); no rule names them, nothing asked.
+    assert not [g for g in granted(rules) | seen if g[2] in ("secrets", "*")]
 
 
 def test_cluster_wide_roles_grant_exactly_what_the_operator_uses(tmp_path: Path) -> None:
