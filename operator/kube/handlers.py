@@ -2,8 +2,9 @@
 
 Contract: importing this module registers, in kopf's default registry,
 - startup: kopf settings (progress and diff-base in `specpilot.io/` annotations, since the
-  CRD's structural status would prune kopf's own status fields; only warnings become kopf's
-  Events), the peering object for HA created when missing, the metrics endpoint;
+  CRD's structural status would prune kopf's own status fields, the diff-base with literal env
+  values as digests; only warnings become kopf's Events; no object body in its debug log),
+  the peering object for HA created when missing, the metrics endpoint;
 - create / update / resume: `reconcile.reconcile` under the object's lock; an invalid spec is
   a `kopf.PermanentError` (status already says Degraded), a lost write race or an API failure
   a `kopf.TemporaryError` (retried);
@@ -21,7 +22,9 @@ Contract: importing this module registers, in kopf's default registry,
 
 from __future__ import annotations
 
+import hashlib
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 import kopf
@@ -49,17 +52,51 @@ def _url_policy(memo: Any) -> UrlAllowList:
     return policy if isinstance(policy, UrlAllowList) else UrlAllowList.configured()
 
 
+class EnvValueDigests(kopf.AnnotationsDiffBaseStorage):
+    """kopf's last-handled configuration, an annotation on the object that its debug log also
+    prints, with each literal env value replaced by its digest: a credential written inline
+    in spec.env is copied nowhere, and a changed value still reads as a change."""
+
+    def build(
+        self, *, body: kopf.Body, extra_fields: Iterable[kopf.FieldSpec] | None = None
+    ) -> kopf.BodyEssence:
+        essence = super().build(body=body, extra_fields=extra_fields)
+        env = (essence.get("spec") or {}).get("env")
+        for var in env if isinstance(env, list) else []:
+            if isinstance(var, dict) and isinstance(var.get("value"), str):
+                digest = hashlib.sha256(var["value"].encode()).hexdigest()[:16]
+                var["value"] = f"sha256:{digest}"
+        return essence
+
+
+class NoBodies(logging.Filter):
+    """kopf's debug log prints a whole object as a handler starts ("Creation is in progress:
+    {...}"), env values written in the spec included: the object is cut from the line."""
+
+    MARK = " is in progress: "
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if self.MARK in message:
+            record.msg = message.split(self.MARK, 1)[0] + " is in progress (object not logged)"
+            record.args = None
+        return True
+
+
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
         prefix=KOPF_ANNOTATION_PREFIX
     )
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+    settings.persistence.diffbase_storage = EnvValueDigests(
         prefix=KOPF_ANNOTATION_PREFIX, key="last-handled-configuration"
     )
     # kopf's finalizer (its timers need one), named for this operator.
     settings.persistence.finalizer = FINALIZER
     settings.posting.level = logging.WARNING
+    objects = logging.getLogger("kopf.objects")
+    if not any(isinstance(f, NoBodies) for f in objects.filters):
+        objects.addFilter(NoBodies())
     settings.execution.max_workers = max(settings.execution.max_workers or 0, 16)
     memo.rest = KubeRest.from_config(getattr(memo, "kubeconfig", None))
     memo.ticks = beat.tick_pool()

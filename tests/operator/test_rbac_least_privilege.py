@@ -71,6 +71,10 @@ def operator_roles(workdir: Path, *values: str) -> list[dict[str, Any]]:
     return [rule for role in roles for rule in role.get("rules") or []]
 
 
+INLINE = "inline-s3cr3t-written-in-the-spec"
+"""An env value written in the spec: it reaches the engine pod, and no log or annotation."""
+
+
 def spd_body(name: str) -> dict[str, Any]:
     return {
         "apiVersion": "specpilot.io/v1alpha1",
@@ -79,6 +83,7 @@ def spd_body(name: str) -> dict[str, Any]:
         "spec": {
             "engine": "vllm",
             "model": "m",
+            "env": [{"name": "HF_TOKEN", "value": INLINE}],
             "speculative": {"candidates": [{"method": "ngram", "maxK": 3}]},
         },
     }
@@ -93,6 +98,11 @@ def serve_one_through_its_life(api: ApiServer, workdir: Path, *flags: str) -> No
         assert http.post(SPD, json=spd_body("life")).status_code == 201
         wait_for(lambda: api.get("apps", "deployments", "default", "life"), 60)
         wait_for(lambda: (spd_of(api, "life").get("status") or {}).get("phase"), 60)
+        (engine,) = api.get("apps", "deployments", "default", "life")["spec"]["template"]["spec"][
+            "containers"
+        ]
+        assert {"name": "HF_TOKEN", "value": INLINE} in engine["env"]
+        assert INLINE not in json.dumps(spd_of(api, "life")["metadata"])  # kopf's annotations
         # a sidecar ConfigMap no Deployment mounts any more: the next reconcile prunes it
         labels = {SIDECAR_LABEL: "true", INSTANCE_LABEL: "life"}
         stale = {"apiVersion": "v1", "kind": "ConfigMap",
@@ -107,6 +117,7 @@ def serve_one_through_its_life(api: ApiServer, workdir: Path, *flags: str) -> No
         assert http.delete(f"{SPD}/life").status_code == 200
         wait_for(lambda: api.get("specpilot.io", "specdeployments", "default", "life") is None, 60)
         assert operator.process.poll() is None, operator.text()[-3000:]
+        assert INLINE not in operator.text()  # kopf's debug log (--verbose) prints its patches
 
 
 def switch_and_repeat_an_event(api: ApiServer) -> None:
