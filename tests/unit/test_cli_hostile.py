@@ -100,6 +100,10 @@ NO_RUN_COULD_USE = [
     ],
     (["run", "--model", "m", "--python", "/nonexistent/python3", "--ticks", "1"],
      "cannot start '/nonexistent/python3'"),
+    (["simulate", "--method", "ngram", "--rps", "nan"], "rps"),
+    (["simulate", "--method", "ngram", "--concurrency", "-1"], "concurrency"),
+    (["simulate", "--method", "ngram", "--rps", "1", "--gpu", "$(reboot)"], "gpu"),
+    (["simulate", "--method", "ngram", "--rps", "1", "--duration", "inf"], "duration"),
     # operator: refused before it looks for a cluster (there is none at this kubeconfig)
     (["operator", "--kubeconfig", "/nonexistent", "--liveness-port", "99999"], "--liveness-port"),
     (["operator", "--kubeconfig", "/nonexistent", "--metrics-port", "-1"], "--metrics-port"),
@@ -113,5 +117,13 @@ NO_RUN_COULD_USE = [
 def test_a_value_no_run_could_use_is_one_error_line(
     capsys: pytest.CaptureFixture[str], argv: list[str], named: str
 ) -> None:
-    assert main(argv) == 2
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # refused by argparse itself: usage, then one error line
+        assert exc.code == 2
+        err = capsys.readouterr().err
+        assert "Traceback" not in err
+        one_line_error(err[err.index("error: ") :], named)
+        return
+    assert code == 2
     one_line_error(capsys.readouterr().err, named)
