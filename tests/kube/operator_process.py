@@ -4,7 +4,8 @@ Contract: `running_operator(api, log_path, *extra_args)` starts the real command
 operator's kubeconfig (its account, on which the server enforces RBAC when given rules) and
 free probe/metrics ports, yields the `Operator` (process, ports, log), and on exit stops it
 with SIGTERM (kopf's graceful stop: peering keep-alive withdrawn), then SIGKILL after a grace
-period, so no process outlives the test. `wait_for(check, timeout)`
+period, so no process outlives the test; `start_operator` starts one that the caller stops
+or kills itself. `wait_for(check, timeout)`
 polls a check until it returns something truthy.
 """
 
@@ -43,8 +44,8 @@ class Operator:
         return self.log.read_text(encoding="utf-8", errors="replace")
 
 
-@contextlib.contextmanager
-def running_operator(api: ApiServer, log: Path, *extra: str) -> Iterator[Operator]:
+def start_operator(api: ApiServer, log: Path, *extra: str) -> Operator:
+    """The operator process, started; the caller stops it (`stop`, or a test's SIGKILL)."""
     liveness, metrics = free_port(), free_port()
     command = [
         sys.executable, "-m", "specpilot.operator.app.cli", "operator", "--verbose",
@@ -54,10 +55,16 @@ def running_operator(api: ApiServer, log: Path, *extra: str) -> Iterator[Operato
         process = subprocess.Popen(
             command, env=api.operator_env(), stdout=sink, stderr=subprocess.STDOUT
         )
+    return Operator(process, log, liveness, metrics)
+
+
+@contextlib.contextmanager
+def running_operator(api: ApiServer, log: Path, *extra: str) -> Iterator[Operator]:
+    operator = start_operator(api, log, *extra)
     try:
-        yield Operator(process, log, liveness, metrics)
+        yield operator
     finally:
-        stop(process)
+        stop(operator.process)
 
 
 def stop(process: subprocess.Popen[bytes], grace_s: float = 15.0) -> None:
