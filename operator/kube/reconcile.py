@@ -13,7 +13,9 @@ Sidecar ConfigMaps no Deployment refers to any more are deleted.
 Then status (computed and written by status.py): phase, currentConfig, replicas/selector (the
 scale subresource), printer-column fields, observedGeneration and Conditions. An invalid spec
 writes phase Degraded and a Degraded=True condition with the message, then raises the
-`SpecError` (the kopf handler makes it permanent).
+`SpecError` (the kopf handler makes it permanent). A child the API server refuses (a value
+under spec.pod kept as written that Kubernetes rejects, a forbidden write) writes Degraded with
+reason ChildRejected and the server's message, then raises its `KubeApiError` (retried).
 """
 
 from __future__ import annotations
@@ -25,7 +27,13 @@ from typing import Any
 from specpilot.operator.api.names import API_VERSION, INSTANCE_LABEL, PLURAL, SIDECAR_LABEL
 from specpilot.operator.api.spec import SpecDeploymentSpec, SpecError, config_to_status, decode_spec
 from specpilot.operator.kube import children as ch
-from specpilot.operator.kube.client import KubeRest, plural_of
+from specpilot.operator.kube.client import (
+    KubeApiError,
+    KubeConflict,
+    KubeRest,
+    KubeTransient,
+    plural_of,
+)
 from specpilot.operator.kube.persisted_state import dump_state, load_rollout, load_state
 from specpilot.operator.kube.status import degraded_status, running_status, write_status
 from specpilot.tuner import SpecConfig
@@ -150,7 +158,16 @@ def reconcile(rest: KubeRest, body: Mapping[str, Any]) -> Obj:
     running = inflight.main_config if inflight is not None else state.current
     actions = {}
     for child in desired_objects(rest, fresh, spec, running):
-        actions[f"{child['kind']}/{child['metadata']['name']}"] = apply_child(rest, child)
+        key = f"{child['kind']}/{child['metadata']['name']}"
+        try:
+            actions[key] = apply_child(rest, child)
+        except (KubeConflict, KubeTransient):
+            raise  # a lost race or a hiccup: retried, nothing to tell
+        except KubeApiError as exc:  # refused (invalid, forbidden): say so, then retry
+            message = f"the API server refused {key}, rendered from this spec: {exc}"
+            write_status(rest, fresh, degraded_status(status, message, generation,
+                                                      reason="ChildRejected"))  # fmt: skip
+            raise
     _prune_sidecars(rest, name, namespace, actions)
     deployment = rest.get("apps/v1", "deployments", namespace, ch.deployment_name(name)) or {}
     new_status = running_status(status, spec, deployment, generation, name)

@@ -61,9 +61,13 @@ def set_condition(
     return sorted(out, key=lambda c: str(c["type"]))
 
 
-def degraded_status(status: Obj, message: str, generation: int | None) -> Obj:
+def degraded_status(
+    status: Obj, message: str, generation: int | None, *, reason: str = "InvalidSpec"
+) -> Obj:
+    """Phase Degraded and Degraded=True: an invalid spec (InvalidSpec), or a child rendered
+    from it that the API server refused (ChildRejected)."""
     conditions = set_condition(
-        status.get("conditions", []), type_="Degraded", status=True, reason="InvalidSpec",
+        status.get("conditions", []), type_="Degraded", status=True, reason=reason,
         message=message, generation=generation,
     )  # fmt: skip
     return {

@@ -18,11 +18,17 @@ import kubernetes_validate
 import pytest
 from crd_validation import Failure, admit, cel_errors, root_schema, strip_indexes
 from hypothesis import HealthCheck, find, given, settings
+from kube.apiserver import ApiServer
+from kube.faults import fail_next
 from spec_strategies import HOSTILE_TEXTS, mutated, specs
+from tuning_helpers import create
+from tuning_helpers import spd as spd_of
 
 from specpilot.operator.api.flags import owned_flag
 from specpilot.operator.api.spec import SpecDeploymentSpec, SpecError, decode_spec
 from specpilot.operator.kube.children import desired_children
+from specpilot.operator.kube.client import KubeApiError, KubeRest
+from specpilot.operator.kube.reconcile import reconcile
 from specpilot.operator.kube.status import degraded_status
 from specpilot.runtime.engines import get_adapter
 from specpilot.tuner import SpecConfig
@@ -248,3 +254,25 @@ def test_a_key_kubernetes_does_not_know_in_a_security_context_never_reaches_the_
         decode_spec(spec)
     assert err.value.field == "spec.pod.securityContext.extra"
     assert "unknown field" in str(err.value) and "runAsNonRoot" in str(err.value)
+
+
+def test_a_child_the_api_server_refuses_is_reported_in_a_condition(
+    api: ApiServer, rest: KubeRest
+) -> None:
+    """What spec.pod keeps as written (affinity, volume sources) reaches the pod template
+    unchecked; a value Kubernetes refuses there makes the Deployment's create fail (422).
+    That was an API error retried with no word in status; now Degraded says which child the
+    server refused and why, and the next reconcile that goes through clears it."""
+    body = create(api, "refused")
+    fault = fail_next(api, "post", "apps", "v1", "deployments", status=422)
+    with pytest.raises(KubeApiError):
+        reconcile(rest, body)
+    assert fault.hits == 1
+    (degraded,) = [c for c in spd_of(api, "refused")["status"]["conditions"]
+                   if c["type"] == "Degraded"]  # fmt: skip
+    assert (degraded["status"], degraded["reason"]) == ("True", "ChildRejected")
+    assert "Deployment/refused" in degraded["message"] and "HTTP 422" in degraded["message"]
+    reconcile(rest, spd_of(api, "refused"))
+    (degraded,) = [c for c in spd_of(api, "refused")["status"]["conditions"]
+                   if c["type"] == "Degraded"]  # fmt: skip
+    assert degraded["status"] == "False"
