@@ -74,7 +74,8 @@ def contains(live: Any, desired: Any) -> bool:
 
 def apply_child(rest: KubeRest, desired: Obj) -> str:
     """'created', 'patched' or 'unchanged'. A conflict (someone wrote in between) raises
-    `KubeConflict`; the caller retries the whole reconcile, which is safe."""
+    `KubeConflict`; the caller retries the whole reconcile, which is safe. A patch the server
+    refuses on an object nobody changed meanwhile raises `KubeApiError`."""
     meta = desired["metadata"]
     plural = plural_of(desired)
     live = rest.get(desired["apiVersion"], plural, meta.get("namespace"), meta["name"])
@@ -108,14 +109,22 @@ def apply_child(rest: KubeRest, desired: Obj) -> str:
         "path": "/metadata/resourceVersion",
         "value": live["metadata"]["resourceVersion"],
     }
-    rest.patch(
-        desired["apiVersion"],
-        plural,
-        meta.get("namespace"),
-        meta["name"],
-        [guard, *ops],
-        kind="json",
-    )
+    try:
+        rest.patch(
+            desired["apiVersion"],
+            plural,
+            meta.get("namespace"),
+            meta["name"],
+            [guard, *ops],
+            kind="json",
+        )
+    except KubeConflict as exc:
+        # A 422 is a failed `test` (someone wrote first) or a refused value; unchanged since
+        # we read it, the object was not raced: the server refused what we wrote.
+        again = rest.get(desired["apiVersion"], plural, meta.get("namespace"), meta["name"])
+        if again is not None and again["metadata"]["resourceVersion"] == guard["value"]:
+            raise KubeApiError(f"{exc} (the object did not change meanwhile)") from exc
+        raise
     return "patched"
 
 

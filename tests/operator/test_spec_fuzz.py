@@ -14,6 +14,7 @@ from __future__ import annotations
 import posixpath
 from typing import Any
 
+import httpx
 import kubernetes_validate
 import pytest
 from crd_validation import Failure, admit, cel_errors, root_schema, strip_indexes
@@ -27,7 +28,7 @@ from tuning_helpers import spd as spd_of
 from specpilot.operator.api.flags import owned_flag
 from specpilot.operator.api.spec import SpecDeploymentSpec, SpecError, decode_spec
 from specpilot.operator.kube.children import desired_children
-from specpilot.operator.kube.client import KubeApiError, KubeRest
+from specpilot.operator.kube.client import KubeApiError, KubeConflict, KubeRest
 from specpilot.operator.kube.reconcile import reconcile
 from specpilot.operator.kube.status import degraded_status
 from specpilot.runtime.engines import get_adapter
@@ -256,18 +257,28 @@ def test_a_key_kubernetes_does_not_know_in_a_security_context_never_reaches_the_
     assert "unknown field" in str(err.value) and "runAsNonRoot" in str(err.value)
 
 
+@pytest.mark.parametrize("verb", ["post", "patch"])
 def test_a_child_the_api_server_refuses_is_reported_in_a_condition(
-    api: ApiServer, rest: KubeRest
+    api: ApiServer, rest: KubeRest, verb: str
 ) -> None:
     """What spec.pod keeps as written (affinity, volume sources) reaches the pod template
-    unchecked; a value Kubernetes refuses there makes the Deployment's create fail (422).
-    That was an API error retried with no word in status; now Degraded says which child the
-    server refused and why, and the next reconcile that goes through clears it."""
+    unchecked; a value Kubernetes refuses there fails the Deployment's create or patch (422).
+    That was an API error retried with no word in status (a refused patch even read as a lost
+    race, retried every second); now Degraded says which child the server refused and why,
+    and the next reconcile that goes through clears it."""
     body = create(api, "refused")
-    fault = fail_next(api, "post", "apps", "v1", "deployments", status=422)
-    with pytest.raises(KubeApiError):
+    if verb == "patch":  # the Deployment exists; an edit of the spec patches its template
         reconcile(rest, body)
-    assert fault.hits == 1
+        edit = {"spec": {"port": 9000}}
+        path = f"{api.url}/apis/specpilot.io/v1alpha1/namespaces/default/specdeployments/refused"
+        patched = httpx.patch(
+            path, json=edit, headers={"Content-Type": "application/merge-patch+json"}
+        )
+        patched.raise_for_status()
+    fault = fail_next(api, verb, "apps", "v1", "deployments", status=422)
+    with pytest.raises(KubeApiError) as refused:
+        reconcile(rest, spd_of(api, "refused"))
+    assert fault.hits == 1 and not isinstance(refused.value, KubeConflict)
     (degraded,) = [c for c in spd_of(api, "refused")["status"]["conditions"]
                    if c["type"] == "Degraded"]  # fmt: skip
     assert (degraded["status"], degraded["reason"]) == ("True", "ChildRejected")
