@@ -68,10 +68,16 @@ def prune_unknown_fields(obj: Any, schema: Schema, path: str = "") -> Any:
             }
         extra = schema.get("additionalProperties")
         if props is None and isinstance(extra, dict):
-            return {k: prune_unknown_fields(v, extra, _join(path, k)) for k, v in obj.items()}
+            return {
+                k: prune_unknown_fields(v, extra, _join(path, k))
+                for k, v in obj.items()
+                if v is not None or extra.get("nullable")
+            }
         props = props or {}
         # A null where the schema does not say nullable is dropped before defaulting, as the
-        # API server does ("Defaulting and Nullable" in the CRD docs).
+        # API server does ("Defaulting and Nullable" in the CRD docs; map values too: its
+        # PruneNonNullableNullsWithoutDefaults reads a map's additionalProperties schema; a
+        # dropped null with a default is then defaulted, as there).
         return {
             k: prune_unknown_fields(v, props[k], _join(path, k))
             for k, v in obj.items()
