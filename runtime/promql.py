@@ -5,9 +5,12 @@ with `increase()` and `resets()`, gauges with `avg_over_time()`, histograms with
 their buckets, `_sum` and `_count` (the integrals behind the running batch: the same numbers
 `specpilot.runtime.scrape.window_stats` reads from two snapshots), all grouped by the pod label
 (default `pod`; `instance` for static scrape configs). Prometheus handles counter resets in
-`increase()`. Transport and query errors become `PromQLError`; series that are missing, NaN,
-infinite or malformed (a value that is not a number, a bucket `le` that is not a number, a
-`position` that is not a whole number) are simply absent from the stats, never raised.
+`increase()`. Transport and query errors become `PromQLError`; a query that times out is not
+asked again (a server that is slow now stays slow: a tick waits one `timeout_s`, not one per
+retry), while refused connections and 5xx answers are retried as the client does; series
+that are missing, NaN, infinite or malformed (a value that is not a number, a bucket `le` that
+is not a number, a `position` that is not a whole number) are simply absent from the stats,
+never raised.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any
 
 from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
+from urllib3.util.retry import Retry
 
 from specpilot.runtime.engine_metrics import VLLM_PER_POSITION, WindowStats, engine_metrics
 
@@ -32,7 +36,11 @@ class PromQLReader:
         self, url: str, *, pod_label: str = "pod", selector: str = "", timeout_s: float = 10.0
     ) -> None:
         """`selector` is a label matcher list without braces, e.g. `namespace="llm"`."""
-        self._prom = PrometheusConnect(url=url, disable_ssl=True, timeout=timeout_s)
+        # the client's own retries, less read timeouts (it retried each slow read 3 times)
+        retry = Retry(
+            total=3, read=0, backoff_factor=1, status_forcelist=(408, 429, 500, 502, 503, 504)
+        )
+        self._prom = PrometheusConnect(url=url, disable_ssl=True, timeout=timeout_s, retry=retry)
         self._pod_label = pod_label
         self._selector = selector
 
