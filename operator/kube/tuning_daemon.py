@@ -18,6 +18,8 @@ A `prometheusUrl` outside `url_policy` (the installer's allow-list, operator/kub
 is never fetched, and a Prometheus that cannot be queried ends the tick without a decision; both
 set MetricsAvailable False with the reason and post one Warning Event per outage
 (operator/kube/metrics_condition.py), and the next tick tries again.
+A SpecDeployment deleted mid-switch stops the tick at its next announcement (`Stopping`: no
+rollback recreates the Deployment the garbage collector took).
 The actuator is built by `make_actuator` (injectable for tests); every wait inside a tick
 (the observation window, rollout polling) goes through `sleep`, which the operator makes
 raise when it stops, so a tick never holds a shutdown or a peering hand-over. The loops
@@ -319,8 +321,16 @@ def _announce(
     phase = "RollingBack" if flight.rolling_back else "Switching"
     announced = {**status, "phase": phase, "currentConfig": config_to_status(flight.config),
                  "tunerState": dump_state(intended, failed, flight)}  # fmt: skip
+    meta = fresh["metadata"]
+
+    def write() -> None:
+        if rest.get(API_VERSION, PLURAL, meta["namespace"], meta["name"]) is None:
+            # deleted mid-switch: its children went with it; recreating them would leak
+            raise Stopping(f"SpecDeployment {meta['namespace']}/{meta['name']} was deleted")
+        write_status(rest, fresh, announced)
+
     # a 503 here must not read as the engine refusing the config (the loop would back it off)
-    with_retries(lambda: write_status(rest, fresh, announced), sleep=sleep)
+    with_retries(write, sleep=sleep)
 
 
 def _resumed(rest: KubeRest, fresh: Obj, resumed: Resumed) -> TickOutcome:

@@ -9,6 +9,7 @@ import json
 from dataclasses import replace
 from typing import Any
 
+import httpx
 import pytest
 from kube.apiserver import ApiServer
 from kube.faults import Fault, fail_next
@@ -317,3 +318,59 @@ def test_a_trial_left_in_flight_is_abandoned_not_promoted(
     assert "rollout" not in state and state["current"] == INITIAL.to_dict()
     assert state.get("failed", []) == []
     assert spd_of(api, "tried")["status"]["currentConfig"] == config_to_status(INITIAL)
+
+
+def test_a_spec_edited_mid_rollout_is_rendered_once_the_switch_is_through(
+    api: ApiServer, rest: KubeRest
+) -> None:
+    """A user edits the spec while the tuner's rollout is followed: the switch completes (it
+    is neither reverted nor backed off) and the next reconcile renders the edit with the
+    tuner's config (the kopf handler waits for the tick: one lock per object)."""
+    reconcile(rest, create(api, "edited"))
+    controller = Controller(api, "edited")
+    edit = {"spec": {"extraArgs": ["--max-model-len", "4096"]}}
+
+    def user_edits(sleeps: int) -> None:
+        if sleeps == 1:  # the template is patched, the rollout under way
+            rest.patch("specpilot.io/v1alpha1", "specdeployments", "default", "edited", edit)
+
+    controller.on_sleep = user_edits
+    outcome = tune(rest, spd_of(api, "edited"), now=later(),
+                   make_actuator=real_rollouts(busy(), controller.sleep))  # fmt: skip
+    assert outcome is not None and outcome.applied and outcome.action in ("switch", "off")
+    target = running_config(api, "edited")
+    assert target != INITIAL and stored(api, "edited").get("failed", []) == []
+    reconcile(rest, spd_of(api, "edited"))  # the edit's handler, after the tick
+    template = api.get("apps", "deployments", "default", "edited")["spec"]["template"]
+    assert "4096" in template["spec"]["containers"][0]["args"]
+    assert running_config(api, "edited") == target  # the edit did not revert the switch
+    status = spd_of(api, "edited")["status"]
+    assert status["currentConfig"] == config_to_status(target)
+    assert status["observedGeneration"] == spd_of(api, "edited")["metadata"]["generation"]
+
+
+def test_a_spec_deployment_deleted_mid_rollout_leaves_nothing_behind(
+    api: ApiServer, rest: KubeRest
+) -> None:
+    """Deleted while its rollout is followed: the mock collects the Deployment (owner
+    references, as the garbage collector does); the rollout fails and the rollback that
+    follows stops at its announcement, creating nothing again for an object that is gone."""
+    reconcile(rest, create(api, "deleted"))
+    controller = Controller(api, "deleted")
+
+    def user_deletes(sleeps: int) -> None:
+        if sleeps == 1:
+            path = "/apis/specpilot.io/v1alpha1/namespaces/default/specdeployments/deleted"
+            assert httpx.delete(api.url + path).status_code == 200  # the user, not the operator
+
+    controller.on_sleep = user_deletes
+
+    def sleep(seconds: float) -> None:
+        if api.get("apps", "deployments", "default", "deleted") is not None:
+            controller.sleep(seconds)  # the controller while there is something to roll
+
+    with pytest.raises(Stopping):  # as kopf stops a deleted object's daemon
+        tune(rest, spd_of(api, "deleted"), now=later(), make_actuator=real_rollouts(busy(), sleep))
+    assert spd_of(api, "deleted") is None
+    assert api.list("apps", "deployments", "default") == []
+    assert api.list("", "configmaps", "default") == []
