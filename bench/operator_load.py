@@ -38,6 +38,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -285,6 +286,8 @@ class Run:
     def __post_init__(self) -> None:
         self.deadline = time.monotonic() + self.max_run_s
         self.names = [f"load-{i:04d}" for i in range(self.objects)]
+        self.partial: Obj = {}
+        """What the run measured before its edit phase, reported if a later step fails."""
 
     def seed_of(self, namespace: str, name: str) -> int:
         index = self.names.index(name) if name in self.names else 0
@@ -374,11 +377,15 @@ class Run:
             steady_text = httpx.get(metrics_url, timeout=60).text
             result["steady_operator"] = operator_figures(steady_text, self.names)
 
-            # 3. edit
+            # 3. edit (partial results are kept on disk before it: a later step past the
+            # bound loses only itself)
+            self.partial = dict(result)
             sampler.mark("edit")
             edited: dict[str, float] = {}
             edit = {"spec": {"extraArgs": ["--max-model-len", "4096"]}}
             for name in self.names:
+                if self.left() < 120:  # keep the run's bound: edit fewer, say so below
+                    break
                 answer = http.patch(f"{path}/{name}", json=edit, headers=MERGE)
                 self._check(answer.status_code == 200, f"edit {name}: {answer.text[:300]}")
                 edited[name] = time.monotonic()
@@ -521,6 +528,20 @@ def markdown(report: Obj) -> str:
         steady = run.get("phases", {}).get("steady", {})
         op = run.get("operator", {})
         c2d, e2t = run.get("create_to_deployment", {}), run.get("edit_to_template", {})
+        if "error" in run:
+            lines += [
+                f"## {key} SpecDeployments: the run did not finish",
+                "",
+                f"- commit `{run['commit']}`; command `{run['command']}`; seed {run['seed']}; "
+                f"intervalSeconds {run['interval_s']}; started {run['started_utc']}",
+                f"- ended by: {run['error']}",
+                f"- create-to-Deployment p50 / p95 / max (s): {c2d.get('p50_s')} / "
+                f"{c2d.get('p95_s')} / {c2d.get('max_s')}; handled {c2d.get('handled')} of "
+                f"{run['objects']} (burst of creates took {c2d.get('create_burst_s')} s)",
+                *([f"- {run['note']}"] if run.get("note") else []),
+                "",
+            ]
+            continue
         lines += [
             f"## {key} SpecDeployments",
             "",
@@ -560,6 +581,7 @@ def markdown(report: Obj) -> str:
             f"{run.get('farm', {}).get('scrapes')} | | |",
             "",
         ]
+    lines += report.get("summary", [])
     history = report.get("history", [])
     if history:
         lines += [
@@ -629,6 +651,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=REPO / "bench/results/operator_load.json")
     parser.add_argument("--md", type=Path, default=REPO / "bench/results/operator_load.md")
     args = parser.parse_args(argv)
+
+    def terminated(signum: int, _: Any) -> None:  # an outer `timeout`: write what was measured
+        raise RuntimeError(f"terminated by signal {signum}")
+
+    signal.signal(signal.SIGTERM, terminated)
     report: Obj = json.loads(args.out.read_text()) if args.out.exists() else {"runs": {}}
     command = shlex.join([".venv/bin/python", "bench/operator_load.py", *(argv or sys.argv[1:])])
     for objects in args.objects:
@@ -639,7 +666,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             try:
                 result = run.go(Path(tmp))
             except Exception as exc:  # recorded, not hidden: the size bent or broke
-                result = {"objects": objects, "error": repr(exc)}
+                result = {**run.partial, "objects": objects, "error": repr(exc)}
                 print(f"{objects}: {exc!r}", file=sys.stderr)
                 with contextlib.suppress(OSError):
                     result["operator_log_tail"] = (Path(tmp) / "operator.log").read_text()[-3000:]
