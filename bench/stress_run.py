@@ -160,6 +160,7 @@ def markdown(report: Obj) -> str:
             f"{run.get('failed')} | {run.get('skipped')} | {run['load_average_before'][0]} / "
             f"{during.get('mean')} / {during.get('max')} |"
         )
+    lines += ["", *report.get("notes", [])]
     for run in report["runs"]:
         lines += ["", f"## {run['label']}", "", f"- stress: `{run['stress_command']}`",
                   f"- tests: `{run['pytest_command']}`",
