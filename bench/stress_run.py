@@ -105,7 +105,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )  # fmt: skip
         rc, tail = test.returncode, (test.stdout + test.stderr)[-3000:]
     except subprocess.TimeoutExpired as exc:
-        rc, tail = 124, str(exc)[-3000:]
+        partial = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else ""
+        rc, tail = 124, (str(exc) + "\n" + (partial or ""))[-3000:]
     finally:
         duration = time.monotonic() - began
         done.set()
@@ -136,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report["runs"].append(result)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     args.md.write_text(markdown(report))
-    print(json.dumps({k: result[k] for k in ("label", "duration_s", "passed", "failed")}))
+    print(json.dumps({k: result.get(k) for k in ("label", "duration_s", "passed", "failed")}))
     return 0 if rc == 0 else 1
 
 
