@@ -169,8 +169,9 @@ class Operator:
         self.log = workdir / "operator.log"
         with self.log.open("wb") as handle:
             command = [
+                # as the chart runs it by default: every namespace, under its ClusterRole
                 sys.executable, "-m", "specpilot.operator.app.cli", "operator", "--standalone",
-                "--namespace", NAMESPACE, "--liveness-port", "0", "--metrics-port", "0",
+                "--all-namespaces", "--liveness-port", "0", "--metrics-port", "0",
                 "--kubeconfig", str(apiserver.operator_kubeconfig),
             ]  # fmt: skip
             self.process = subprocess.Popen(
