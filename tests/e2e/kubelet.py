@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from kube.objects import rolling_update_counts
 
 from e2e.node import LocalPod, container_argv, port_number
 from specpilot.operator.kube.pod_metrics import pod_target
@@ -129,7 +130,7 @@ class Kubelet:
         template_hash = _hash(template)
         for pod in self.pods_of(name):
             self._sync_process(pod)
-        surge, unavailable = _strategy(spec, replicas)
+        surge, unavailable = rolling_update_counts(spec, replicas)
         mine = self.pods_of(name)
         new = [p for p in mine if p.template_hash == template_hash]
         while len(new) < replicas and len(mine) < replicas + surge:
@@ -298,7 +299,7 @@ class Kubelet:
             progressing = ("False", "ProgressDeadlineExceeded", f"no progress in {deadline:.0f}s")
         else:
             progressing = ("True", "ReplicaSetUpdated", f"{new_ready} of {replicas} updated")
-        unavailable = _strategy(deployment.get("spec") or {}, replicas)[1]
+        unavailable = rolling_update_counts(deployment.get("spec") or {}, replicas)[1]
         available = "True" if ready >= replicas - unavailable else "False"
         status: Obj = {
             "observedGeneration": deployment["metadata"].get("generation", 1),
@@ -365,24 +366,6 @@ class Kubelet:
             raise RuntimeError(f"{method} {path}: HTTP {response.status_code}: {response.text}")
         data: Obj = response.json()
         return data
-
-
-def _strategy(spec: Mapping[str, Any], replicas: int) -> tuple[int, int]:
-    """(maxSurge, maxUnavailable) as pod counts, rounding as Kubernetes does."""
-    rolling = (spec.get("strategy") or {}).get("rollingUpdate") or {}
-
-    def count(value: Any, default: str, up: bool) -> int:
-        value = default if value is None else value
-        if isinstance(value, str) and value.endswith("%"):
-            exact = replicas * int(value[:-1]) / 100
-            return int(-(-exact // 1)) if up else int(exact)
-        return int(value)
-
-    surge = count(rolling.get("maxSurge"), "25%", up=True)
-    unavailable = count(rolling.get("maxUnavailable"), "25%", up=False)
-    if surge == 0 and unavailable == 0:
-        surge = 1  # the API server refuses both zero; be lenient in the double
-    return surge, unavailable
 
 
 def _without_times(status: Obj) -> str:

@@ -151,3 +151,21 @@ def human_age(timestamp: str | None) -> str:
         if seconds >= 2 * size or (unit == "m" and seconds >= 120):
             return f"{seconds // size}{unit}"
     return f"{seconds}s"
+
+
+def rolling_update_counts(spec: Mapping[str, Any], replicas: int) -> tuple[int, int]:
+    """A Deployment's (maxSurge, maxUnavailable) as pod counts, rounding percentages as
+    Kubernetes does (surge up, unavailable down); both zero reads as a surge of one (the API
+    server refuses both zero: the doubles are lenient)."""
+    rolling = (spec.get("strategy") or {}).get("rollingUpdate") or {}
+
+    def count(value: Any, default: str, up: bool) -> int:
+        value = default if value is None else value
+        if isinstance(value, str) and value.endswith("%"):
+            exact = replicas * int(value[:-1]) / 100
+            return int(-(-exact // 1)) if up else int(exact)
+        return int(value)
+
+    surge = count(rolling.get("maxSurge"), "25%", up=True)
+    unavailable = count(rolling.get("maxUnavailable"), "25%", up=False)
+    return (1, unavailable) if surge == unavailable == 0 else (surge, unavailable)

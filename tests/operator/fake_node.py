@@ -40,6 +40,7 @@ from typing import Any
 
 import httpx
 from kube.apiserver import ApiServer
+from kube.objects import rolling_update_counts
 
 Obj = dict[str, Any]
 CONFIG = "specpilot.io/config"
@@ -193,7 +194,7 @@ class FakeNode:
             if not pod.ready and not pod.crashing and self.passes - pod.born >= self.start_passes:
                 pod.ready = True
                 self._write_pod_status(pod)
-        surge, unavailable = _strategy(spec, replicas)
+        surge, unavailable = rolling_update_counts(spec, replicas)
         mine = self.pods_of(name)
         new = [p for p in mine if p.template_hash == template_hash]
         while len(new) < replicas and len(mine) < replicas + surge:
@@ -357,22 +358,6 @@ class _Clock:
 def _config(template: Obj) -> Any:
     raw = ((template.get("metadata") or {}).get("annotations") or {}).get(CONFIG, "null")
     return json.loads(raw)
-
-
-def _strategy(spec: Mapping[str, Any], replicas: int) -> tuple[int, int]:
-    """(maxSurge, maxUnavailable) as pod counts, rounding as Kubernetes does."""
-    rolling = (spec.get("strategy") or {}).get("rollingUpdate") or {}
-
-    def count(value: Any, default: str, up: bool) -> int:
-        value = default if value is None else value
-        if isinstance(value, str) and value.endswith("%"):
-            exact = replicas * int(value[:-1]) / 100
-            return int(-(-exact // 1)) if up else int(exact)
-        return int(value)
-
-    surge = count(rolling.get("maxSurge"), "25%", up=True)
-    unavailable = count(rolling.get("maxUnavailable"), "25%", up=False)
-    return (surge or 1, unavailable) if surge == unavailable == 0 else (surge, unavailable)
 
 
 def _hash(template: Obj) -> str:
