@@ -4,7 +4,10 @@ Contract: runs kopf with the handlers of `specpilot.operator.kube.handlers`, clu
 the given namespaces. HA: run 2 replicas with the same `--peering` name; each takes a random
 priority at start (or `--priority`), so exactly one is active and the other pauses until the
 active one's keep-alive stops (kopf peering; the peering object is created when missing).
-`--standalone` turns peering off (one replica). Liveness/readiness: kopf's probe endpoint
+`--standalone` turns kopf's peering off (one replica); a guard (operator/kube/
+standalone_guard.py) still records it in the peering object and refuses to start, with one
+`error:` line and exit status 2, while another operator there is alive; it stops kopf (exit
+status 1) if it loses that hold. Liveness/readiness: kopf's probe endpoint
 (`--liveness URL`, or /healthz on `--liveness-port`, 0 for none; it answers once the
 operator runs).
 The operator's own Prometheus metrics are on `--metrics-port` (0 disables).
@@ -21,11 +24,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import os
 import random
 import re
+import signal
+import sys
+import threading
+from typing import TYPE_CHECKING, Any
 
 from specpilot.tuner import ConfigError
+
+if TYPE_CHECKING:
+    from specpilot.operator.kube.standalone_guard import StandaloneGuard
 
 PRIORITY_RANGE = 1_000_000
 """Random priorities from a range this wide make a tie between two replicas negligible."""
@@ -38,6 +49,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     parser.add_argument("--peering", default="specpilot", help="kopf peering object name")
     parser.add_argument("--standalone", action="store_true", help="no peering (one replica)")
+    parser.add_argument(
+        "--standalone-lifetime",
+        type=int,
+        default=60,
+        metavar="S",
+        help="seconds a standalone operator's peering entry stays live unrefreshed (default 60)",
+    )
     parser.add_argument("--priority", type=int, help="peering priority (default: random)")
     parser.add_argument(
         "--all-namespaces", action="store_true", help="watch every namespace (the default)"
@@ -75,6 +93,8 @@ def _check_flags(ns: argparse.Namespace) -> None:
     for flag, port in (("--liveness-port", ns.liveness_port), ("--metrics-port", ns.metrics_port)):
         if not 0 <= port <= 65535:
             raise ConfigError(flag, port, "a TCP port in 0..65535 (0: none)")
+    if not 4 <= ns.standalone_lifetime <= 3600:
+        raise ConfigError("--standalone-lifetime", ns.standalone_lifetime, "seconds in 4..3600")
     if len(ns.peering) > 253 or not re.fullmatch(_DNS_SUBDOMAIN, ns.peering):
         raise ConfigError("--peering", ns.peering, "a lowercase DNS subdomain name")
 
@@ -85,6 +105,7 @@ def run(ns: argparse.Namespace) -> int:
     from specpilot.operator.app.cluster_check import check_cluster
     from specpilot.operator.kube import handlers  # noqa: F401 - registers the handlers
     from specpilot.operator.kube.monitor_labels import configured_monitor_labels
+    from specpilot.operator.kube.standalone_guard import GuardRefused
     from specpilot.operator.kube.url_policy import UrlAllowList
 
     url_policy = UrlAllowList.configured(ns.prometheus_url_allow)  # a bad prefix fails here
@@ -107,16 +128,82 @@ def run(ns: argparse.Namespace) -> int:
         url_policy=url_policy,
         namespace=namespaces[0] if len(namespaces) == 1 else None,
     )
-    with contextlib.suppress(KeyboardInterrupt, asyncio.CancelledError):
-        kopf.run(
-            clusterwide=not namespaces,
-            namespaces=namespaces,
-            standalone=ns.standalone,
-            priority=priority,
-            peering_name=None if ns.standalone else ns.peering,
-            # kopf reads port 0 in a URL as HTTP's 80: no port means no endpoint here
-            liveness_endpoint=ns.liveness
-            or (f"http://0.0.0.0:{ns.liveness_port}/healthz" if ns.liveness_port else None),
-            memo=memo,
-        )
+    try:
+        guards = _standalone_guards(ns, namespaces) if ns.standalone else []
+    except GuardRefused as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+    lost: list[str] = []
+    holders = [_hold(guard, stop, lost) for guard in guards]
+    try:
+        with contextlib.suppress(KeyboardInterrupt, asyncio.CancelledError):
+            _run_kopf(ns, namespaces, priority, memo)
+    finally:
+        stop.set()
+        for thread in holders:
+            thread.join()
+        for guard in guards:
+            guard.release()
+    if lost:
+        print(f"error: {lost[0]}", file=sys.stderr)
+        return 1
     return 0
+
+
+def _standalone_guards(ns: argparse.Namespace, namespaces: list[str]) -> list[StandaloneGuard]:
+    """One guard per peering object kopf would use (cluster-wide, or each namespace's), all
+    acquired, or none: a refusal releases those already held before it is raised."""
+    from specpilot.operator.kube.client import KubeRest
+    from specpilot.operator.kube.standalone_guard import StandaloneGuard
+
+    rest = KubeRest.from_config(ns.kubeconfig)
+    scopes: list[str | None] = [*namespaces] or [None]  # None: the cluster-wide peering
+    guards = [StandaloneGuard(rest, ns.peering, n, lifetime_s=ns.standalone_lifetime)
+              for n in scopes]  # fmt: skip
+    held: list[StandaloneGuard] = []
+    try:
+        for guard in guards:
+            guard.acquire()
+            held.append(guard)
+    except BaseException:
+        for guard in held:
+            guard.release()
+        raise
+    return guards
+
+
+def _hold(guard: StandaloneGuard, stop: threading.Event, lost: list[str]) -> threading.Thread:
+    def keep() -> None:
+        why = guard.hold(stop)
+        if why is not None:
+            logging.getLogger(__name__).error(f"standalone guard: {why}")
+            lost.append(why)
+            # kopf's own graceful stop, as on `kubectl delete pod`; kopf.run's stop_flag would
+            # leave an executor thread waiting on it, which holds the interpreter's exit
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    thread = threading.Thread(target=keep, name="standalone-guard", daemon=True)
+    thread.start()
+    return thread
+
+
+def _run_kopf(
+    ns: argparse.Namespace,
+    namespaces: list[str],
+    priority: int,
+    memo: Any,
+) -> None:
+    import kopf
+
+    kopf.run(
+        clusterwide=not namespaces,
+        namespaces=namespaces,
+        standalone=ns.standalone,
+        priority=priority,
+        peering_name=None if ns.standalone else ns.peering,
+        # kopf reads port 0 in a URL as HTTP's 80: no port means no endpoint here
+        liveness_endpoint=ns.liveness
+        or (f"http://0.0.0.0:{ns.liveness_port}/healthz" if ns.liveness_port else None),
+        memo=memo,
+    )

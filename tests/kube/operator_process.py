@@ -16,7 +16,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -44,8 +44,11 @@ class Operator:
         return self.log.read_text(encoding="utf-8", errors="replace")
 
 
-def start_operator(api: ApiServer, log: Path, *extra: str) -> Operator:
-    """The operator process, started; the caller stops it (`stop`, or a test's SIGKILL)."""
+def start_operator(
+    api: ApiServer, log: Path, *extra: str, env: Mapping[str, str] | None = None
+) -> Operator:
+    """The operator process, started; the caller stops it (`stop`, or a test's SIGKILL).
+    `env` adds to the operator account's environment (e.g. POD_ID, its peering identity)."""
     liveness, metrics = free_port(), free_port()
     command = [
         sys.executable, "-m", "specpilot.operator.app.cli", "operator", "--verbose",
@@ -53,14 +56,19 @@ def start_operator(api: ApiServer, log: Path, *extra: str) -> Operator:
     ]  # fmt: skip
     with log.open("wb") as sink:
         process = subprocess.Popen(
-            command, env=api.operator_env(), stdout=sink, stderr=subprocess.STDOUT
+            command,
+            env={**api.operator_env(), **(env or {})},
+            stdout=sink,
+            stderr=subprocess.STDOUT,
         )
     return Operator(process, log, liveness, metrics)
 
 
 @contextlib.contextmanager
-def running_operator(api: ApiServer, log: Path, *extra: str) -> Iterator[Operator]:
-    operator = start_operator(api, log, *extra)
+def running_operator(
+    api: ApiServer, log: Path, *extra: str, env: Mapping[str, str] | None = None
+) -> Iterator[Operator]:
+    operator = start_operator(api, log, *extra, env=env)
     try:
         yield operator
     finally:

@@ -108,6 +108,8 @@ NO_RUN_COULD_USE = [
     (["operator", "--kubeconfig", "/nonexistent", "--liveness-port", "99999"], "--liveness-port"),
     (["operator", "--kubeconfig", "/nonexistent", "--metrics-port", "-1"], "--metrics-port"),
     (["operator", "--kubeconfig", "/nonexistent", "--peering", "$(x)"], "--peering"),
+    (["operator", "--kubeconfig", "/nonexistent", "--standalone", "--standalone-lifetime", "0"],
+     "--standalone-lifetime"),
 ]  # fmt: skip
 
 
