@@ -80,9 +80,16 @@ class WindowReader:
     fail_fast: bool = False
     """Raise the first `ScrapeError` instead of keeping what the target gave."""
 
-    def read(self, engine: str, targets: Mapping[str, str], window_s: float) -> Window:
+    def read(
+        self,
+        engine: str,
+        targets: Mapping[str, str],
+        window_s: float,
+        interval_s: float | None = None,
+    ) -> Window:
         """One window of `window_s` seconds over `targets` (name -> /metrics URL); the name
-        becomes `WindowStats.pod`."""
+        becomes `WindowStats.pod`. `interval_s` overrides the reader's for this window."""
+        interval = self.interval_s if interval_s is None else interval_s
         snapshots: dict[str, list[Snapshot]] = {name: [] for name in targets}
         errors: dict[str, str] = {}
         deadline = self.clock() + window_s
@@ -102,7 +109,7 @@ class WindowReader:
                         errors[name] = str(exc)  # it keeps what it gave
                 left = deadline - self.clock()
                 if left > 0:
-                    self.sleep(min(self.interval_s, left))
+                    self.sleep(min(interval, left))
                     continue
                 short = any(len(taken) == 1 for taken in snapshots.values())
                 if not short or late_rounds >= self.max_late_rounds:

@@ -5,9 +5,10 @@ URL and the config it runs); the port is the pod's `prometheus.io/port` annotati
 container port named `http` or `metrics`, else the first container port. A `PodWindowSource`
 returns one `WindowStats` per pod for a window of `window_s` seconds that ends when the call
 returns:
-- `ScrapeSource` scrapes every target's /metrics every `interval_s` across the window with the
-  runtime's window reader (`specpilot.runtime.window`, whose edge rules apply: a pod that stops
-  answering mid-window keeps the snapshots it gave; one with fewer than two is left out);
+- `ScrapeSource` scrapes every target's /metrics every `interval_s` (or a quarter of a longer
+  window) across the window with the runtime's window reader (`specpilot.runtime.window`,
+  whose edge rules apply: a pod that stops answering mid-window keeps the snapshots it gave;
+  one with fewer than two is left out);
 - `PrometheusSource` waits the window, then reads it with PromQL, keeping the targets' pods
   (Prometheus' pod label must carry the pod name, as Kubernetes service discovery sets it).
 Clock and sleep are injected, so tests run without real time.
@@ -72,14 +73,21 @@ class PodWindowSource(Protocol):
 
 @dataclass(kw_only=True)
 class ScrapeSource(WindowReader):
-    """The runtime's one window reader over the pods' /metrics URLs, named by pod."""
+    """The runtime's one window reader over the pods' /metrics URLs, named by pod. Rounds are
+    `interval_s` apart, or a `rounds_per_window`-th of a longer window: the batch, tokens and
+    acceptance come from counters and histogram sums, which two snapshots already bound
+    (engine_metrics.running_estimate), so more rounds only cost the operator CPU (at 200
+    SpecDeployments a round every 2 s was most of its work); the rounds between keep a restart
+    mid-window visible and the sampled gauges their cross-check."""
 
     interval_s: float = 2.0
+    rounds_per_window: int = 4
 
     def window(
         self, engine: str, targets: Sequence[PodTarget], window_s: float
     ) -> list[WindowStats]:
-        return self.read(engine, {t.name: t.url for t in targets}, window_s).stats
+        interval = max(self.interval_s, window_s / self.rounds_per_window)
+        return self.read(engine, {t.name: t.url for t in targets}, window_s, interval).stats
 
 
 @dataclass(kw_only=True)

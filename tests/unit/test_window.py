@@ -125,6 +125,21 @@ def test_scrape_source_reads_pods_through_the_reader() -> None:
     assert source.window("vllm", [gone], window_s=1.0) == []  # left out, no exception
 
 
+def test_scrape_source_spreads_a_long_windows_rounds_to_a_quarter_of_it() -> None:
+    """Counters bound the window with two snapshots; a round every 2 s through a 24 s window
+    was most of an operator's CPU at 200 SpecDeployments (bench/results/operator_load.md)."""
+    target = PodTarget(name="pod-a", url="http://pod-a/metrics", config=None)
+    for window_s, rounds_at in ((24.0, [0.0, 6.0, 12.0, 18.0, 24.0]), (6.0, [0.0, 2.0, 4.0, 6.0])):
+        net = FakeNetwork(engines={"pod-a": FakeEngine(answers=100)})
+        source = ScrapeSource(
+            clock=lambda n=net: n.now, sleep=net.sleep, transport=httpx.MockTransport(net.handle)
+        )
+        (stats,) = source.window("vllm", [target], window_s=window_s)
+        assert [t for _, t in net.scrapes] == pytest.approx(rounds_at)
+        assert stats.window_s == pytest.approx(window_s)
+        assert source.interval_s == 2.0  # the reader's own interval is left as it was
+
+
 def test_local_engine_without_a_window_raises_scrape_error() -> None:
     engine = LocalEngine(
         engine="vllm", program=[], launch=LaunchSettings(model="m", host="127.0.0.1", port=9)
