@@ -604,6 +604,9 @@ def markdown(report: Obj) -> str:
     return "\n".join(lines) + "\n"
 
 
+OPERATOR_ENV = ("MALLOC_ARENA_MAX",)
+"""Environment variables that change the operator's behaviour, recorded with the command."""
+
 NOTES = [
     "## Reading the figures",
     "",
@@ -658,6 +661,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, terminated)
     report: Obj = json.loads(args.out.read_text()) if args.out.exists() else {"runs": {}}
     command = shlex.join([".venv/bin/python", "bench/operator_load.py", *(argv or sys.argv[1:])])
+    for name in OPERATOR_ENV:  # the operator inherits them: part of what was measured
+        if name in os.environ:
+            command = f"{name}={shlex.quote(os.environ[name])} {command}"
     for objects in args.objects:
         run = Run(objects, args.seed, args.interval_s, args.steady_s, args.tail_s, args.max_run_s)
         started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

@@ -103,11 +103,13 @@ def run(ns: argparse.Namespace) -> int:
     import kopf
 
     from specpilot.operator.app.cluster_check import check_cluster
+    from specpilot.operator.app.malloc_arenas import limit_malloc_arenas
     from specpilot.operator.kube import handlers  # noqa: F401 - registers the handlers
     from specpilot.operator.kube.monitor_labels import configured_monitor_labels
     from specpilot.operator.kube.standalone_guard import GuardRefused
     from specpilot.operator.kube.url_policy import UrlAllowList
 
+    limit_malloc_arenas()  # before kopf and the tick pool start their threads
     url_policy = UrlAllowList.configured(ns.prometheus_url_allow)  # a bad prefix fails here
     _check_flags(ns)
     # The installer's monitor labels and the cluster are checked before kopf starts: kopf
