@@ -37,6 +37,7 @@ from specpilot.operator.loop import ControlLoop, TickRecord
 from specpilot.runtime.engines import get_adapter
 from specpilot.runtime.local_engine import LocalEngine
 from specpilot.runtime.probe import fit_step_time
+from specpilot.runtime.scrape import ScrapeError
 from specpilot.tuner import (
     AcceptanceCurve,
     SpecConfig,
@@ -242,15 +243,23 @@ def metered(
     meter: Meter | None, engine: TimedEngine, run_slot: Callable[[], Any]
 ) -> tuple[Any, dict[str, float] | None]:
     """Run a slot between two reads of the server's counters; (slot's result, deltas), the
-    deltas None without a meter, or when the server restarted within (its counters reset)."""
+    deltas None without a meter, when the server restarted within (its counters reset) or when
+    either read failed (a server that died or is between a failed switch and its rollback: the
+    slot's tokens still count, its counters are unknown)."""
     if meter is None:
         return run_slot(), None
     restarts = engine.restarts
-    before = meter(engine)
+    try:
+        before: dict[str, float] | None = meter(engine)
+    except ScrapeError:
+        before = None
     result = run_slot()
-    if engine.restarts != restarts:
+    if before is None or engine.restarts != restarts:
         return result, None
-    after = meter(engine)
+    try:
+        after = meter(engine)
+    except ScrapeError:
+        return result, None
     return result, {k: after.get(k, 0.0) - v for k, v in before.items()}
 
 

@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from specpilot.runtime.scrape import ScrapeError
+
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
@@ -185,6 +187,24 @@ def test_slot_counters_are_kept_only_without_a_restart() -> None:
 
     assert harness.metered(meter, engine, restarting_slot) == ("slot", None)
     assert harness.metered(None, engine, lambda: "slot") == ("slot", None)
+
+
+def test_a_server_that_cannot_be_read_after_its_slot_does_not_end_the_bench() -> None:
+    """A real SGLang run died here: the pilot's switch failed to start (no memory left for its
+    KV cache) and the read after the slot was refused."""
+    sglang = _load("real_sglang.py")
+    harness = sys.modules["real_engine"]
+    engine = sglang.make_engine(19999, Path("/tmp/specpilot-unit-bench-logs"))
+    answers: list[dict[str, float] | None] = [{"verify_calls": 5.0}, None, None, None]
+
+    def meter(_: Any) -> dict[str, float]:
+        answer = answers.pop(0)
+        if answer is None:
+            raise ScrapeError("cannot scrape 'http://127.0.0.1:1/metrics': Connection refused")
+        return answer
+
+    assert harness.metered(meter, engine, lambda: "slot") == ("slot", None)  # after refused
+    assert harness.metered(meter, engine, lambda: "slot") == ("slot", None)  # before refused
 
 
 def test_sglang_acceptance_length_from_its_counters() -> None:
