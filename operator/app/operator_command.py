@@ -120,6 +120,11 @@ def run(ns: argparse.Namespace) -> int:
     if ns.kubeconfig:  # kopf's own login reads the environment, like the kubernetes client
         os.environ["KUBECONFIG"] = ns.kubeconfig
     kopf.configure(verbose=ns.verbose)
+    if not ns.verbose:
+        # httpx logs every request at INFO: one line per pod scrape buried the operator's own
+        # lines, and at 200 SpecDeployments its tick threads spent most of a scrape queued on
+        # the log handler's lock (py-spy, bench/results/operator_load.md)
+        logging.getLogger("httpx").setLevel(logging.WARNING)
     namespaces: list[str] = ns.namespace
     if namespaces and ns.all_namespaces:
         raise ConfigError("--all-namespaces", True, "either it or --namespace, not both")
