@@ -3,7 +3,8 @@
 Contract: `await run_beats(stopped, beat, pool=..., every_s=...)` calls `beat(sleep)` on a
 thread of `pool` every `every_s` seconds until kopf's stop flag `stopped` is set, and returns
 then. Between beats the daemon is a coroutine waiting on kopf's event loop and holds no
-thread. `sleep(seconds)`, the only wait a beat may use, raises `Stopping` as soon as the flag
+thread. The first beat comes `first_after_s` late (`tick_phase`: objects created together tick
+apart). `sleep(seconds)`, the only wait a beat may use, raises `Stopping` as soon as the flag
 is set (the flag is relayed to the thread), and `run_beats` ends quietly on it; any other
 exception from a beat is raised to kopf (which logs it and restarts the daemon).
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import hashlib
 import threading
 from collections.abc import Callable
 
@@ -37,13 +39,27 @@ def tick_pool(workers: int = TICK_WORKERS) -> concurrent.futures.ThreadPoolExecu
     return concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="specpilot-tick")
 
 
+def tick_phase(namespace: str, name: str) -> float:
+    """A fixed share of the interval, in [0, 1), by object: where its ticks fall in it.
+
+    Why: SpecDeployments created together (`kubectl apply -f dir/`) or resumed together (an
+    operator restart) would otherwise tick in lock-step, every object scraping its pods at the
+    same instants and writing status at once; at 200 objects that burst, not the work itself,
+    made most of a tick's time (bench/results/operator_load.md). A hash, not a random draw,
+    so a restarted operator spreads them the same way."""
+    digest = hashlib.blake2b(f"{namespace}/{name}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
+
+
 async def run_beats(
     stopped: kopf.DaemonStopped,
     beat: Callable[[Sleep], None],
     *,
     pool: concurrent.futures.Executor,
     every_s: float,
+    first_after_s: float = 0.0,
 ) -> None:
+    """`first_after_s`: the first beat waits this long (`tick_phase` x the object's interval)."""
     flag = threading.Event()
 
     async def relay() -> None:
@@ -57,6 +73,8 @@ async def run_beats(
     relaying = asyncio.create_task(relay())
     loop = asyncio.get_running_loop()
     try:
+        if first_after_s > 0:
+            await stopped.wait(first_after_s)
         while not stopped.is_set():
             try:
                 await loop.run_in_executor(pool, beat, sleep)

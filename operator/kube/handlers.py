@@ -8,7 +8,8 @@ Contract: importing this module registers, in kopf's default registry,
 - create / update / resume: `reconcile.reconcile` under the object's lock; an invalid spec is
   a `kopf.PermanentError` (status already says Degraded), a lost write race or an API failure
   a `kopf.TemporaryError` (retried);
-- a daemon per object beating every `BEAT_S`: reconcile again (drift repair, status from the
+- a daemon per object beating every `BEAT_S`, its first beat at its own phase of the tuning
+  interval (beat.tick_phase): reconcile again (drift repair, status from the
   live Deployment), then `tuning.tune`, which runs a tick only every
   spec.tuning.intervalSeconds. A daemon rather than a timer because kopf hands daemons a stop
   flag: every wait inside a tick goes through it, so operator exit, a peering pause and the
@@ -30,7 +31,7 @@ from typing import Any
 import kopf
 
 from specpilot.operator.api.names import FINALIZER, GROUP, KOPF_ANNOTATION_PREFIX, PLURAL, VERSION
-from specpilot.operator.api.spec import SpecError
+from specpilot.operator.api.spec import SpecError, decode_spec
 from specpilot.operator.kube import beat, exported_metrics, tuning_daemon
 from specpilot.operator.kube.client import KubeApiError, KubeConflict, KubeRest
 from specpilot.operator.kube.reconcile import reconcile
@@ -160,7 +161,20 @@ async def tune_forever(
             # Degraded is in status, or the API hiccuped: keep beating, the next beat retries.
             logger.debug(f"beat skipped: {exc}")
 
-    await beat.run_beats(stopped, one_beat, pool=memo.ticks, every_s=BEAT_S)
+    await beat.run_beats(
+        stopped, one_beat, pool=memo.ticks, every_s=BEAT_S, first_after_s=_first_beat_s(body)
+    )
+
+
+def _first_beat_s(body: kopf.Body) -> float:
+    """Where in its interval this object's ticks fall (beat.tick_phase); none for a spec that
+    does not decode (reconcile reports it; nothing ticks)."""
+    meta = body["metadata"]
+    try:
+        interval = decode_spec(dict(body.get("spec") or {})).tuning.interval_s
+    except SpecError:
+        return 0.0
+    return beat.tick_phase(str(meta["namespace"]), str(meta["name"])) * float(interval)
 
 
 @kopf.on.cleanup()

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from specpilot.operator.kube.beat import run_beats, tick_pool
+from specpilot.operator.kube.beat import run_beats, tick_phase, tick_pool
 
 GENEROUS_S = 30.0
 """A bound on waits that end at once when things work; only a hang reaches it."""
@@ -34,12 +34,14 @@ class StopFlag:
         return self
 
 
-def drive(beat: Beat, stop_when: threading.Event | None = None) -> None:
+def drive(beat: Beat, stop_when: threading.Event | None = None, first_after_s: float = 0.0) -> None:
     """run_beats over `beat`; with `stop_when`, the stop flag is set once that is set."""
 
     async def main() -> None:
         flag, pool = StopFlag(), tick_pool(2)
-        beats = asyncio.create_task(run_beats(flag, beat, pool=pool, every_s=0.01))  # type: ignore[arg-type]
+        beats = asyncio.create_task(
+            run_beats(flag, beat, pool=pool, every_s=0.01, first_after_s=first_after_s)  # type: ignore[arg-type]
+        )
         try:
             if stop_when is not None:
                 assert await asyncio.to_thread(stop_when.wait, GENEROUS_S)
@@ -76,3 +78,36 @@ def test_beats_repeat_until_an_error_which_goes_up() -> None:
     with pytest.raises(RuntimeError, match="a bug in a tick"):
         drive(beat)
     assert len(beats) == 3
+
+
+def test_objects_made_together_tick_spread_over_the_interval() -> None:
+    """200 names as `kubectl apply -f dir/` would make them: their phases cover the interval
+    (every tenth of it holds some, none holds a third), and each is the same on every call,
+    so a restarted operator spreads them the same way."""
+    phases = [tick_phase("default", f"load-{i:04d}") for i in range(200)]
+    assert all(0.0 <= p < 1.0 for p in phases)
+    tenths = [sum(1 for p in phases if i / 10 <= p < (i + 1) / 10) for i in range(10)]
+    assert min(tenths) > 0 and max(tenths) < 200 / 3
+    assert phases == [tick_phase("default", f"load-{i:04d}") for i in range(200)]
+    assert tick_phase("a", "b") != tick_phase("b", "a")
+
+
+def test_the_first_beat_waits_its_phase_and_a_stop_cuts_that_wait() -> None:
+    beats: list[int] = []
+    never = threading.Event()
+
+    def beat(sleep: Callable[[float], None]) -> None:
+        beats.append(1)
+
+    started = threading.Event()
+
+    def stop_soon() -> None:
+        started.wait(GENEROUS_S)
+        never.set()
+
+    stopper = threading.Thread(target=stop_soon)
+    stopper.start()
+    started.set()
+    drive(beat, stop_when=never, first_after_s=3600.0)  # returns at the stop, not in an hour
+    stopper.join()
+    assert beats == []  # stopped while waiting for its first beat
