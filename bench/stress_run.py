@@ -31,6 +31,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 Obj = dict[str, Any]
 DEFAULT_PATHS = ["tests/e2e", "tests/operator", "tests/integration"]
+MAKE_TEST_ENV = ("SPECPILOT_IMAGE_BUILD",)
+"""Variables `make test` sets for pytest; recorded with the command when given."""
 
 
 def git(*args: str) -> str:
@@ -98,6 +100,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     threading.Thread(target=sample, daemon=True).start()
     began = time.monotonic()
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    # as `make test` sets it: the image build test must run, not skip
+    recorded_env = {"HF_HUB_OFFLINE": "1", **{k: env[k] for k in MAKE_TEST_ENV if k in env}}
     try:
         test = subprocess.run(
             pytest_command, cwd=REPO, env=env, capture_output=True, text=True,
@@ -120,7 +124,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         ),
         "started_utc": started_utc,
         "stress_command": shlex.join(stress_command),
-        "pytest_command": "HF_HUB_OFFLINE=1 " + shlex.join(pytest_command),
+        "pytest_command": " ".join(f"{k}={v}" for k, v in recorded_env.items())
+        + " "
+        + shlex.join(pytest_command),
         "ignored_untracked": ignored,
         "exit_status": rc,
         "duration_s": round(duration, 1),
