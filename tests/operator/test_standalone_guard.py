@@ -18,6 +18,7 @@ import pytest
 from kube.apiserver import ApiServer, running_apiserver
 from kube.chart import operator_rules
 from kube.operator_process import running_operator, start_operator, stop, wait_for
+from tuning_helpers import create
 
 from specpilot.operator.kube.client import KubeRest
 from specpilot.operator.kube.standalone_guard import (
@@ -27,7 +28,6 @@ from specpilot.operator.kube.standalone_guard import (
 )
 
 START = datetime.datetime(2026, 12, 2, 8, 0, tzinfo=datetime.UTC)
-SPD_PATH = "/apis/specpilot.io/v1alpha1/namespaces/default/specdeployments"
 
 
 class FakeClock:
@@ -154,7 +154,7 @@ def test_two_standalone_operator_processes(tmp_path: Path) -> None:
             first.process.wait(10)
         with running_operator(api, tmp_path / "c.log", *lifetime, env={"POD_ID": "pod-c"}) as third:
             wait_for(lambda: set(entries(api)) == {"pod-c"}, 30)
-            assert http.post(SPD_PATH, json=_spd("after")).status_code == 201
+            create(api, "after", mode="off")
             wait_for(lambda: api.get("apps", "deployments", "default", "after"), 30)
             stop(third.process)
             assert third.process.returncode == 0
@@ -175,16 +175,3 @@ def test_two_standalone_operator_processes(tmp_path: Path) -> None:
 
 def _peering(api: ApiServer) -> bool:
     return api.get("kopf.dev", "clusterkopfpeerings", "", "specpilot") is not None
-
-
-def _spd(name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "specpilot.io/v1alpha1",
-        "kind": "SpecDeployment",
-        "metadata": {"name": name},
-        "spec": {
-            "engine": "vllm",
-            "model": "m",
-            "speculative": {"candidates": [{"method": "ngram", "maxK": 3}]},
-        },
-    }
