@@ -95,6 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             loads.append(os.getloadavg()[0])
 
     started_utc = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    commit = git("rev-parse", "HEAD")  # what pytest collected; later commits are named apart
     load_before = os.getloadavg()
     stress = subprocess.Popen(stress_command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     threading.Thread(target=sample, daemon=True).start()
@@ -118,7 +119,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         stress.wait(30)
     result: Obj = {
         "label": args.label,
-        "commit": git("rev-parse", "HEAD"),
+        "commit": commit,
+        "commits_during_run": git("log", "--format=%h", f"{commit}..HEAD").split(),
         "dirty_tracked_paths": len(
             git("status", "--porcelain", "--untracked-files=no").splitlines()
         ),
