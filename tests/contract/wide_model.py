@@ -59,6 +59,7 @@ class ClosedLoop:
         self.url = url
         self.served = served
         self.errors: list[str] = []
+        self.reconnects = 0
         self._stop = threading.Event()
         self._threads = [
             threading.Thread(target=self._run, args=(user,), daemon=True) for user in range(users)
@@ -78,6 +79,11 @@ class ClosedLoop:
                 sent += 1
                 try:
                     client.post(f"{self.url}/v1/completions", json=body).raise_for_status()
+                except httpx.RemoteProtocolError:
+                    # a kept-alive connection the server closed as this request went out (a
+                    # client starved past uvicorn's keep-alive under stress-ng): nothing was
+                    # served, so the user sends again on a new connection, as browsers do
+                    self.reconnects += 1
                 except httpx.HTTPError as exc:
                     self.errors.append(str(exc))
                     return
