@@ -5,9 +5,20 @@ with `increase()` and `resets()`, gauges with `avg_over_time()`, histograms with
 their buckets, `_sum` and `_count` (the integrals behind the running batch: the same numbers
 `specpilot.runtime.scrape.window_stats` reads from two snapshots), all grouped by the pod label
 (default `pod`; `instance` for static scrape configs). Prometheus handles counter resets in
-`increase()`. Transport and query errors become `PromQLError`; a query that times out is not
-asked again (a server that is slow now stays slow: a tick waits one `timeout_s`, not one per
-retry), while refused connections and 5xx answers are retried as the client does; series
+`increase()`.
+
+Each pod's `WindowStats.window_s` is the span its `increase()` figures speak for, not the window
+asked: Prometheus extrapolates a counter's samples to the window's edges only where they reach
+within 1.1 average sample spacings of an edge, and by half a spacing where they do not. A
+Prometheus that scraped late or missed scrapes returns the increase over fewer seconds than the
+window, and dividing it by the whole window read every rate low (beside stress-ng, a contract
+test read the running batch through Prometheus at 1.25 where the direct two scrapes read 3.89).
+The span comes from the raw samples of one counter every
+engine exports (all of a pod's series are scraped together); where a pod has fewer than two, the
+window asked is used. Prometheus' clamp at a counter's zero point (a pod started inside the
+window) is not modelled. Transport and query errors become `PromQLError`; a query that times
+out is not asked again (a server that is slow now stays slow: a tick waits one `timeout_s`, not
+one per retry), while refused connections and 5xx answers are retried as the client does; series
 that are missing, NaN, infinite or malformed (a value that is not a number, a bucket `le` that
 is not a number, a `position` that is not a whole number) are simply absent from the stats,
 never raised.
@@ -58,9 +69,20 @@ class PromQLReader:
                 out.append(found)
         return out
 
+    def samples(self, selector: str, at: float) -> list[tuple[dict[str, str], list[float]]]:
+        """The raw samples' times of a range selector (`series[10s]`) evaluated at `at`: (labels,
+        times) for every well-formed series."""
+        try:
+            raw: Any = self._prom.custom_query(selector, params={"time": at})
+        except (PrometheusApiClientException, OSError) as exc:
+            raise PromQLError(f"PromQL query failed: {selector}: {exc}") from exc
+        found = (_timestamps(item) for item in (raw if isinstance(raw, list) else []))
+        return [item for item in found if item is not None]
+
     def window_stats(self, engine: str, window_s: float, end: float) -> list[WindowStats]:
         """Every pod's stats for the window ending at `end`."""
         window = f"{max(1, round(window_s))}s"
+        spans = self._extrapolated_spans(engine, window, end)
         pod = self._pod_label
         counters: dict[str, dict[str, float]] = {}
         gauges: dict[str, dict[str, float]] = {}
@@ -115,7 +137,7 @@ class PromQLReader:
         return [
             WindowStats(
                 pod=name,
-                window_s=window_s,
+                window_s=spans.get(name, window_s),
                 counters=counters.get(name, {}),
                 gauges=gauges.get(name, {}),
                 histograms=histograms.get(name, {}),
@@ -127,6 +149,23 @@ class PromQLReader:
             for name in pods
         ]
 
+    def _extrapolated_spans(self, engine: str, window: str, end: float) -> dict[str, float]:
+        """Per pod, the seconds `increase()` over `window` ending at `end` extrapolates to."""
+        reference = next(s for s in engine_metrics(engine) if s.key == "generation_tokens")
+        found = self.samples(f"{self._series(reference.name)}[{window}]", end)
+        seconds = float(window.removesuffix("s"))
+        stamps: dict[str, list[float]] = {}
+        for labels, times in found:
+            pod = labels.get(self._pod_label, "")
+            if len(times) > len(stamps.get(pod, [])):  # one pod's series share scrape instants
+                stamps[pod] = times
+        spans = {}
+        for pod, times in stamps.items():
+            span = extrapolated_span(times, end - seconds, end)
+            if span is not None:
+                spans[pod] = span
+        return spans
+
     def _series(self, name: str) -> str:
         """Both spellings of a name: Prometheus 2.x negotiates OpenMetrics, and prometheus_client
         (SGLang's /metrics) then escapes ':' to '_' in sample names."""
@@ -134,6 +173,36 @@ class PromQLReader:
         if self._selector:
             matchers.append(self._selector)
         return "{" + ", ".join(matchers) + "}"
+
+
+def extrapolated_span(times: list[float], start: float, end: float) -> float | None:
+    """The seconds Prometheus' `increase()` over (`start`, `end`] speaks for, given the sample
+    times it holds there (Prometheus' documented extrapolation: to an edge when the samples
+    reach within 1.1 average spacings of it, else half a spacing past the outermost sample).
+    None below two samples, where `increase()` returns nothing."""
+    ordered = sorted(times)
+    if len(ordered) < 2 or ordered[-1] <= ordered[0]:
+        return None
+    sampled = ordered[-1] - ordered[0]
+    spacing = sampled / (len(ordered) - 1)
+    to_start, to_end = max(ordered[0] - start, 0.0), max(end - ordered[-1], 0.0)
+    if to_start >= 1.1 * spacing:
+        to_start = spacing / 2
+    if to_end >= 1.1 * spacing:
+        to_end = spacing / 2
+    return sampled + to_start + to_end
+
+
+def _timestamps(item: Any) -> tuple[dict[str, str], list[float]] | None:
+    """One range-vector result as (labels, sample times); None when it is not one."""
+    try:
+        metric = item.get("metric", {})
+        times = [float(pair[0]) for pair in item["values"]]
+    except (KeyError, IndexError, TypeError, AttributeError, ValueError):
+        return None
+    if not isinstance(metric, dict) or not all(math.isfinite(t) for t in times):
+        return None
+    return {str(key): str(text) for key, text in metric.items()}, times
 
 
 def _sample(item: Any) -> tuple[dict[str, str], float] | None:

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from specpilot.runtime.emulator.core import EngineCore, Request
 from specpilot.runtime.emulator.exposition import SglangExposition, VllmExposition
 from specpilot.runtime.engine_metrics import WindowStats, observe, running_estimate
-from specpilot.runtime.promql import PromQLReader
+from specpilot.runtime.promql import PromQLReader, extrapolated_span
 from specpilot.runtime.scrape import Snapshot, parse_snapshot, window_stats
 from specpilot.tuner import SpecConfig, StepCost
 
@@ -219,18 +219,37 @@ def test_sglang_without_completion_or_queue_series_reads_the_gauge() -> None:
 
 
 class FakePrometheus:
-    """Answers the reader's queries from two snapshots the way Prometheus would without
-    extrapolation (the scrapes at the window's edges): increase() is last minus first,
-    avg_over_time() the mean of the two, resets() zero."""
+    """Answers the reader's queries from two snapshots the way Prometheus would: increase() is
+    last minus first, scaled by Prometheus' extrapolation to the window it was asked for
+    (`window`, ending at the last snapshot; none when the snapshots are its edges),
+    avg_over_time() the mean of the two, resets() zero; the raw samples are the snapshots' and
+    `between` more at even spacing."""
 
     QUERY = re.compile(
         r"^(?P<agg>sum|avg) by \((?P<by>[^)]*)\) \((?P<fn>increase|resets|avg_over_time)\("
         r'\(?\{__name__=~"(?P<name>[^"]+)"\}'
     )
 
-    def __init__(self, pod: str, first: Snapshot, last: Snapshot) -> None:
+    def __init__(
+        self,
+        pod: str,
+        first: Snapshot,
+        last: Snapshot,
+        window: float | None = None,
+        between: int = 0,
+    ) -> None:
         self.pod, self.first, self.last = pod, first, last
         self.asked: list[str] = []
+        sampled = last.timestamp - first.timestamp
+        self.times = [first.timestamp + sampled * i / (between + 1) for i in range(between + 2)]
+        start = last.timestamp - (window if window is not None else sampled)
+        extrapolated = extrapolated_span(self.times, start, last.timestamp)
+        assert extrapolated is not None
+        self.scale = extrapolated / sampled
+
+    def samples(self, selector: str, at: float) -> list[tuple[dict[str, str], list[float]]]:
+        self.asked.append(selector)
+        return [({"pod": self.pod, **LABELS}, self.times)]
 
     def query(self, promql: str, at: float) -> list[tuple[dict[str, str], float]]:
         self.asked.append(promql)
@@ -246,7 +265,7 @@ class FakePrometheus:
                 key = tuple(dict(labels).get(b, "") for b in by)
                 before = self.first.series(name).get(labels, 0.0)
                 if match["fn"] == "increase":
-                    groups.setdefault(key, []).append(value - before)
+                    groups.setdefault(key, []).append((value - before) * self.scale)
                 elif match["fn"] == "resets":
                     groups.setdefault(key, []).append(0.0)
                 else:
@@ -267,6 +286,7 @@ def test_promql_reader_computes_the_same_batch_as_the_direct_scrape() -> None:
     reader = PromQLReader("http://prometheus.invalid")
     fake = FakePrometheus("pod-a", first, last)
     reader.query = fake.query  # type: ignore[method-assign]
+    reader.samples = fake.samples  # type: ignore[method-assign]
     [through_prometheus] = reader.window_stats("vllm", 12.0, end=12.0)
     direct = window_stats("vllm", "pod-a", [first, last])
     assert through_prometheus.histogram_sums == pytest.approx(dict(direct.histogram_sums))
@@ -277,6 +297,42 @@ def test_promql_reader_computes_the_same_batch_as_the_direct_scrape() -> None:
     assert any("inter_token_latency_seconds_sum" in q for q in fake.asked)
     # a totals-only histogram asks for no buckets
     assert not any("inter_token_latency_seconds_bucket" in q for q in fake.asked)
+
+
+def test_a_late_prometheus_reads_the_batch_over_the_span_its_samples_cover() -> None:
+    # a Prometheus that scraped late holds 3 samples over the last 2.6 s of an 8 s window:
+    # increase() speaks for 3.25 s (half a spacing before the first sample, none after the
+    # last), and dividing by the whole 8 s would read 41% of the batch
+    engine = FakeVllm()
+    first = engine.snapshot(5.4, running=4)
+    engine.decode(steps=100, batch=4, step_s=0.026)  # 10.4 request-seconds in 2.6 s
+    last = engine.snapshot(8.0, running=4)
+    reader = PromQLReader("http://prometheus.invalid")
+    fake = FakePrometheus("pod-a", first, last, window=8.0, between=1)
+    reader.query = fake.query  # type: ignore[method-assign]
+    reader.samples = fake.samples  # type: ignore[method-assign]
+    [late] = reader.window_stats("vllm", 8.0, end=8.0)
+    assert late.window_s == pytest.approx(2.6 + 1.3 / 2)
+    direct = window_stats("vllm", "pod-a", [first, last])
+    batch = observe("vllm", [late]).running_requests
+    assert batch == pytest.approx(observe("vllm", [direct]).running_requests) == pytest.approx(4.0)
+
+
+@pytest.mark.parametrize(
+    ("times", "expected"),
+    [
+        ([1.0, 2.0, 3.0, 4.0], 4.0),  # edges within 1.1 spacings: extrapolated to both
+        ([0.0, 4.0], 4.0),  # the samples are the edges
+        ([2.5, 3.0, 3.5, 4.0], 1.5 + 0.25),  # a gap of 5 spacings at the start: half a spacing
+        ([0.5, 1.0, 1.5], 1.0 + 0.5 + 0.25),  # and at the end
+        ([3.0], None),  # one sample: increase() gives nothing
+        ([3.0, 3.0], None),
+    ],
+)
+def test_extrapolated_span_follows_prometheus(times: list[float], expected: float | None) -> None:
+    assert extrapolated_span(times, 0.0, 4.0) == (
+        None if expected is None else pytest.approx(expected)
+    )
 
 
 # --------------------------------------------------------------------------- the emulator
