@@ -20,7 +20,9 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import shlex
+import statistics
 import subprocess
 import sys
 import threading
@@ -69,6 +71,11 @@ PROMPTS = tuple(
 )
 WARM_UP = (4, 5.0)
 """(concurrency, seconds) of greedy load after a fresh start."""
+PREFILL_PROBE = (8, 40, 16)
+"""(short prompt tokens, long prompt tokens, requests of each) of the prefill calibration: a
+few dozen extra tokens, the scale of a verify step's drafts rather than of a long prompt."""
+PROBE_TOKEN_IDS = (100, 1000)
+"""Token ids the prefill probe draws from (inside any model's vocabulary)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,22 +280,65 @@ def warm_up(url: str) -> None:
 
 def calibrate(
     engine: TimedEngine, seconds: float, concurrencies: Sequence[int], source: str
-) -> tuple[StepTimeModel, list[list[float]]]:
+) -> tuple[StepTimeModel, list[list[float]], dict[str, float]]:
     """The plain server's step time at several concurrencies (c / tokens per second: one token
-    per request per step), fitted as the probe fits its sweep. Greedy traffic; the plain server
-    does not care about acceptance."""
+    per request per step), fitted as the probe fits its sweep, and the price of a token a
+    sequence adds beyond its first from the prefill probe (`prefill_slope`). Greedy traffic;
+    the plain server does not care about acceptance. (model, points (c, ms), prefill probe)"""
     points = []
     for c in concurrencies:
         counts, wall = slot(engine, Phase(f"calibrate c{c}", c, 0.0), seconds)
         points.append((c, 0, c / (counts["tokens"] / wall)))
     fit = fit_step_time(points)
+    per_extra, probe = prefill_slope(engine.url)
     model = StepTimeModel(
         fixed_s=fit.fixed_s,
         per_token_s=fit.per_token_s,
         per_kv_token_s=fit.per_kv_token_s,
+        per_extra_token_s=per_extra,
         source=source,
     )
-    return model, [[c, round(t * 1e3, 3)] for c, _, t in points]
+    return model, [[c, round(t * 1e3, 3)] for c, _, t in points], probe
+
+
+def prefill_slope(
+    url: str,
+    probe: tuple[int, int, int] = PREFILL_PROBE,
+    seed: int = 0,
+    *,
+    transport: httpx.BaseTransport | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> tuple[float, dict[str, float]]:
+    """Seconds per prompt token from one-token completions of two prompt lengths, alternated,
+    one at a time: the difference of the median request times over the difference in length,
+    so that what every request pays (HTTP, scheduling, the one sampled token) cancels. Each
+    prompt is fresh random token ids, so prefix caching cannot serve any of it. A verify step's
+    drafts are tokens of the same kind: more positions of a sequence already in the step. (the
+    slope, clamped at 0; the medians in ms for the report)"""
+    short, long, requests = probe
+    rng = random.Random(seed)
+    times: dict[int, list[float]] = {short: [], long: []}
+    with httpx.Client(timeout=120.0, transport=transport) as client:
+        for _ in range(requests):
+            for length in (short, long):
+                body = {
+                    "model": SERVED,
+                    "prompt": [rng.randrange(*PROBE_TOKEN_IDS) for _ in range(length)],
+                    "max_tokens": 1,
+                    "temperature": 0.0,
+                }
+                t0 = clock()
+                client.post(f"{url}/v1/completions", json=body).raise_for_status()
+                times[length].append(clock() - t0)
+    medians = {length: statistics.median(taken) for length, taken in times.items()}
+    slope = max(0.0, (medians[long] - medians[short]) / (long - short))
+    return slope, {
+        "short_tokens": short,
+        "long_tokens": long,
+        "requests_each": requests,
+        "short_median_ms": round(medians[short] * 1e3, 3),
+        "long_median_ms": round(medians[long] * 1e3, 3),
+    }
 
 
 def tick_row(
@@ -537,16 +587,18 @@ def run(plan: Plan, ns: argparse.Namespace, log: Callable[[str], None], started:
             + ",".join(map(str, plan.calibration_concurrency))
             + ")"
         )
-        fit, calibration = calibrate(
+        fit, calibration, prefill = calibrate(
             engines["none"], ns.calibrate_seconds, plan.calibration_concurrency, source
         )
         report["step_time_fit"] = {
             "fixed_s": fit.fixed_s,
             "per_token_s": fit.per_token_s,
             "per_kv_token_s": fit.per_kv_token_s,
+            "per_extra_token_s": fit.per_extra_token_s,
             "knee_tokens": fit.knee_tokens,
             "source": fit.source,
             "points_c_ms": calibration,
+            "prefill_probe": prefill,
         }
         log(f"step-time fit: {report['step_time_fit']}")
 
@@ -764,6 +816,15 @@ def tail_lines(report: dict[str, Any]) -> list[str]:
             f"{f['per_token_s'] * 1e3:.3f} ms/token (knee {f['knee_tokens']:.1f} tokens/step); "
             f"measured points (c, ms/step): {f['points_c_ms']}.",
         ]
+        if f.get("per_extra_token_s") is not None:
+            probe = f["prefill_probe"]
+            lines[-1] += (
+                f" Each token a sequence adds beyond its first (a verified draft) is priced at "
+                f"{f['per_extra_token_s'] * 1e3:.3f} ms: the prefill probe's one-token "
+                f"completions took {probe['short_median_ms']} ms (median) at "
+                f"{probe['short_tokens']} prompt tokens and {probe['long_median_ms']} ms at "
+                f"{probe['long_tokens']} ({probe['requests_each']} requests each, one at a time)."
+            )
     pilot = report.get("specpilot")
     if pilot is not None:
         lines += [

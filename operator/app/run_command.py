@@ -61,7 +61,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--step-time-fit",
         metavar="FILE",
         help="JSON step-time fit (fixed_s, per_token_s, per_kv_token_s, as `specpilot probe "
-        "--json FILE` writes) for the tuner instead of the --gpu roofline, e.g. on a CPU",
+        "--json FILE` writes; optionally per_extra_token_s, the price of each token a sequence "
+        "adds to a step beyond its first) for the tuner instead of the --gpu roofline, e.g. on "
+        "a CPU",
     )
     parser.add_argument("extra_args", nargs=argparse.REMAINDER, help="after --: engine flags")
     parser.set_defaults(run=run)
@@ -180,7 +182,10 @@ def _step_cost(ns: argparse.Namespace) -> StepCost:
     if ns.step_time_fit is None:
         return StepCost.for_hardware(ns.gpu, ns.model_profile)
     path = Path(ns.step_time_fit)
-    allowed = "a JSON object with fixed_s, per_token_s, per_kv_token_s (`probe --json FILE`)"
+    allowed = (
+        "a JSON object with fixed_s, per_token_s, per_kv_token_s (`probe --json FILE`), "
+        "optionally per_extra_token_s"
+    )
     try:
         body = json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
@@ -189,8 +194,16 @@ def _step_cost(ns: argparse.Namespace) -> StepCost:
         raise ConfigError("--step-time-fit", str(path), allowed, str(exc)) from None
     if not isinstance(body, dict):
         raise ConfigError("--step-time-fit", str(path), allowed, "not a JSON object")
-    model = StepTimeModel.from_fit_json(body, source=f"fit {path}")
-    coefficients = (model.fixed_s, model.per_token_s, model.per_kv_token_s)
+    try:
+        model = StepTimeModel.from_fit_json(body, source=f"fit {path}")
+    except ConfigError as exc:  # named by the flag and the file the user gave
+        raise ConfigError("--step-time-fit", str(path), allowed, str(exc)) from None
+    coefficients = (
+        model.fixed_s,
+        model.per_token_s,
+        model.per_kv_token_s,
+        0.0 if model.per_extra_token_s is None else model.per_extra_token_s,
+    )
     if not all(math.isfinite(c) for c in coefficients):
         raise ConfigError("--step-time-fit", str(path), allowed, "a coefficient is not finite")
     return StepCost.from_fit(model, ns.gpu, ns.model_profile)

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from specpilot.runtime.scrape import ScrapeError
@@ -234,3 +235,28 @@ def test_commit_names_head_and_says_when_the_tree_differs(tmp_path: Path) -> Non
     assert harness.git_commit(tmp_path) == head
     (tmp_path / "a.txt").write_text("b\n")
     assert harness.git_commit(tmp_path) == f"{head} (tree dirty: 1 paths modified or untracked)"
+
+
+def test_prefill_probe_prices_a_token_by_the_difference_of_two_prompt_lengths() -> None:
+    """Against a server whose request costs 3 ms plus 0.7 ms per prompt token (a simulated
+    clock the transport advances), the slope is the per-token price; every prompt is fresh
+    token ids (prefix caching would serve a repeated one for free) and asks for one token."""
+    harness = _load("real_vllm.py") and sys.modules["real_engine"]
+    now = [0.0]
+    prompts: list[tuple[int, ...]] = []
+
+    def serve(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        assert body["max_tokens"] == 1 and request.url.path == "/v1/completions"
+        prompts.append(tuple(body["prompt"]))
+        now[0] += 3e-3 + 0.7e-3 * len(body["prompt"])
+        return httpx.Response(200, json={"choices": [{"text": "x"}]})
+
+    slope, probe = harness.prefill_slope(
+        "http://engine", (8, 40, 5), transport=httpx.MockTransport(serve), clock=lambda: now[0]
+    )
+    assert slope == pytest.approx(0.7e-3)
+    assert probe["short_median_ms"] == pytest.approx(3 + 0.7 * 8)
+    assert probe["long_median_ms"] == pytest.approx(3 + 0.7 * 40)
+    assert len(prompts) == 10 and len(set(prompts)) == 10
+    assert sorted({len(p) for p in prompts}) == [8, 40]

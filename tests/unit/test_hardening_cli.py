@@ -128,6 +128,22 @@ def test_simulate_duration_too_short_to_measure_is_an_error(
         (b"{not json", "fixed_s"),
         (b"[1, 2, 3]", "not a JSON object"),
         (b'{"fixed_s": NaN, "per_token_s": 1e-5, "per_kv_token_s": 0}', "not finite"),
+        (b'{"fixed_s": 1e-3, "per_token_s": 1e-5}', "per_kv_token_s"),
+        (
+            b'{"fixed_s": 1e-3, "per_token_s": 1e-5, "per_kv_token_s": 0, '
+            b'"per_extra_token_s": Infinity}',
+            "not finite",
+        ),
+        (
+            b'{"fixed_s": 1e-3, "per_token_s": 1e-5, "per_kv_token_s": 0, '
+            b'"per_extra_token_s": "fast"}',
+            "per_extra_token_s",
+        ),
+        (
+            b'{"fixed_s": 1e-3, "per_token_s": 1e-5, "per_kv_token_s": 0, '
+            b'"per_extra_token_s": -1e-4}',
+            "non-negative",
+        ),
         (b"\xff\xfe", "fixed_s"),
     ],
 )

@@ -5,7 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from specpilot.tuner import GPUS, PROFILES, ConfigError, StepTimeModel, get_gpu, get_profile
+from specpilot.tuner import (
+    GPUS,
+    PROFILES,
+    ConfigError,
+    StepCost,
+    StepTimeModel,
+    get_gpu,
+    get_profile,
+)
+from specpilot.tuner._model.step_cost import spec_path_overhead
 
 
 def test_anchor_profile_reproduces_published_fit() -> None:
@@ -55,3 +64,44 @@ def test_unknown_names_list_the_known_ones() -> None:
         get_gpu("V100")
     with pytest.raises(ConfigError, match=r"llama-3\.1-8b"):
         get_profile("gpt-5")
+
+
+# The vLLM CPU server's decode-only fit in bench/results/real_vllm.md (d4afe97), with the price of
+# a sequence's extra tokens a prefill probe would measure (an illustrative 0.7 ms: ngram K=5's
+# 6-token steps took about 5.06 ms there against 1.52 ms for one token).
+CPU_FIT = dict(fixed_s=0.29e-3, per_token_s=1.283e-3, per_kv_token_s=0.0)
+
+
+def test_a_sequences_extra_tokens_are_priced_apart_when_measured() -> None:
+    decode_only = StepTimeModel(**CPU_FIT)
+    priced = StepTimeModel(**CPU_FIT, per_extra_token_s=0.7e-3)
+    # one sequence verifying 6 tokens: its first at the decode price, 5 at the extra price
+    assert priced.step_time(6, 0, sequences=1) == pytest.approx((0.29 + 1.283 + 5 * 0.7) * 1e-3)
+    assert decode_only.step_time(6, 0, sequences=1) == pytest.approx((0.29 + 6 * 1.283) * 1e-3)
+    # one token per sequence (plain decode), or sequences unsaid: the decode fit as measured
+    for model in (decode_only, priced):
+        assert model.step_time(32, 0, sequences=32) == pytest.approx((0.29 + 32 * 1.283) * 1e-3)
+        assert model.step_time(32, 0) == pytest.approx((0.29 + 32 * 1.283) * 1e-3)
+
+
+def test_a_verify_step_is_priced_by_its_sequences() -> None:
+    priced = StepTimeModel(**CPU_FIT, per_extra_token_s=0.7e-3)
+    cost = StepCost.from_fit(priced, "H100", "llama-3.1-8b")
+    ngram = cost.step_time(method="ngram", decode_batch=4, k=5, prefill_tokens=0, kv_tokens=0)
+    verify = priced.step_time(24, 0, sequences=4)
+    assert ngram == pytest.approx(verify * (1 + spec_path_overhead(4)))
+    plain = cost.step_time(method="none", decode_batch=4, k=0, prefill_tokens=0, kv_tokens=0)
+    assert plain == pytest.approx((0.29 + 4 * 1.283) * 1e-3)
+    # a roofline has no separate price: the same step however its tokens are spread
+    roofline = StepTimeModel.roofline(get_gpu("H100"), get_profile("llama-3.1-8b"))
+    assert roofline.step_time(24, 0, sequences=4) == roofline.step_time(24, 0)
+
+
+def test_fit_json_takes_the_extra_token_price() -> None:
+    body = {**CPU_FIT, "per_extra_token_s": 0.7e-3}
+    assert StepTimeModel.from_fit_json(body).per_extra_token_s == 0.7e-3
+    assert StepTimeModel.from_fit_json(CPU_FIT).per_extra_token_s is None
+    with pytest.raises(ConfigError, match="per_extra_token_s"):
+        StepTimeModel.from_fit_json({**CPU_FIT, "per_extra_token_s": "fast"})
+    with pytest.raises(ConfigError, match="non-negative"):
+        StepTimeModel.from_fit_json({**CPU_FIT, "per_extra_token_s": -1.0})

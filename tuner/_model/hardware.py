@@ -1,11 +1,22 @@
 """GPU catalog, model profiles and the step-time model they imply (roofline or measured fit).
 
-Contract: `StepTimeModel.step_time(tokens, kv_tokens)` is the seconds one engine step takes
-when it processes `tokens` tokens (batch x (K+1) when verifying) attending `kv_tokens` cached
-tokens in total. A measured fit (the probe) is affine, t = a + b x tokens + c x kv (the form
-of the SpecDecode-Bench fit, arXiv 2601.11580). `roofline()` derives the model from a GPU and
-a model profile: overhead + blend(weight streaming, compute) + KV reads, where the blend bends
-from memory-bound to compute-bound at the knee (and, for MoE, more tokens touch more experts).
+Contract: `StepTimeModel.step_time(tokens, kv_tokens, sequences)` is the seconds one engine step
+takes when it processes `tokens` tokens of `sequences` sequences (batch x (K+1) tokens of batch
+sequences when verifying) attending `kv_tokens` cached tokens in total. A measured fit (the
+probe) is affine, t = a + b x tokens + c x kv (the form of the SpecDecode-Bench fit, arXiv
+2601.11580). A fit measured only on plain decode steps (one token per sequence, e.g. c / tokens
+per second at several concurrencies) prices each sequence's first token, which carries the
+per-sequence work (sampling, scheduling, its own attention); the tokens a sequence adds beyond
+its first (verified drafts, prompt tokens) may cost less, and `per_extra_token_s` prices them
+when it was measured (prefill: bench/real_engine.py's calibration). On the vLLM CPU server with
+the tiny model, given the acceptance it measured, the decode-only fit predicted 591 tok/s for
+ngram K=5 where the run served 967, and no speculation best; priced apart, 896
+(bench/results/real_vllm_what_if.md), with the price those runs imply.
+
+`roofline()` derives the model from a GPU and a model profile: overhead + blend(weight
+streaming, compute) + KV reads, where the blend bends from memory-bound to compute-bound at the
+knee (and, for MoE, more tokens touch more experts); it has no separate extra-token price (a
+GPU's compute per token is the same wherever the token sits).
 The anchor constants calibrate efficiency and overhead so that Llama-3.1-8B on H100 matches
 the published fit (5.9 ms + 21 us/token + 39 ns/KV token) at one token and in slope far past
 the knee; between the two the roofline is below the affine fit, which is what makes
@@ -189,26 +200,36 @@ class StepTimeModel:
     `blend` is the Euclidean norm of the memory-bound and compute-bound times: it is the
     weight-streaming time at small steps, tends to per_token x tokens at large ones, and bends
     smoothly at the knee, as a roofline does. With `weight_s` = 0 (a measured affine fit,
-    e.g. from the probe) it is exactly fixed + per_token x tokens + per_kv_token x kv.
+    e.g. from the probe) it is exactly fixed + per_token x tokens + per_kv_token x kv; with
+    `per_extra_token_s` set, compute is per_token x sequences + per_extra_token x (tokens -
+    sequences).
     """
 
     fixed_s: float
     """Per-step overhead (scheduling, sampling, launches); for an affine fit, its intercept."""
     per_token_s: float
     per_kv_token_s: float
+    per_extra_token_s: float | None = None
+    """Seconds per token a sequence adds to a step beyond its first (a verified draft, a prompt
+    token); None: the same as `per_token_s` (a roofline, or a fit that did not measure it)."""
     weight_s: float = 0.0
     """Time to stream the weights once (memory-bound part); 0 for an affine fit."""
     profile: ModelProfile | None = None
     gpu: Gpu | None = None
     source: str = "fit"
 
-    def step_time(self, tokens: int, kv_tokens: int) -> float:
+    def step_time(self, tokens: int, kv_tokens: int, sequences: int | None = None) -> float:
+        """`sequences` (default: `tokens`, one token each) prices the first token of each at
+        `per_token_s` and the rest at `per_extra_token_s`."""
         memory = self.weight_s
         if self.profile is not None and self.profile.is_moe and self.gpu is not None:
             # more tokens route to more experts, whose weights must be streamed too
             touched = self.profile.weight_bytes_read(tokens) - self.profile.weight_bytes_read(1)
             memory += touched / self.gpu.bandwidth
         compute = self.per_token_s * tokens
+        if self.per_extra_token_s is not None and sequences is not None:
+            first = min(max(sequences, 0), tokens)
+            compute = self.per_token_s * first + self.per_extra_token_s * (tokens - first)
         return self.fixed_s + math.hypot(memory, compute) + self.per_kv_token_s * kv_tokens
 
     @property
@@ -220,16 +241,28 @@ class StepTimeModel:
     @classmethod
     def from_fit_json(cls, body: Mapping[str, Any], source: str = "fit") -> StepTimeModel:
         """An affine fit from JSON with `fixed_s`, `per_token_s` and `per_kv_token_s` (the
-        top-level keys `specpilot probe --json` writes)."""
+        top-level keys `specpilot probe --json` writes), and optionally `per_extra_token_s`."""
+        allowed = "fixed_s, per_token_s, per_kv_token_s (seconds), optional per_extra_token_s"
         try:
             coef = [float(body[name]) for name in ("fixed_s", "per_token_s", "per_kv_token_s")]
+            extra = body.get("per_extra_token_s")
+            per_extra = None if extra is None else float(extra)
         except (KeyError, TypeError, ValueError):
+            raise ConfigError("step_time_fit", dict(body), allowed) from None
+        if min(coef) < 0 or coef[0] + coef[1] <= 0 or (per_extra is not None and per_extra < 0):
+            names = ("fixed_s", "per_token_s", "per_kv_token_s", "per_extra_token_s")
             raise ConfigError(
-                "step_time_fit", dict(body), "fixed_s, per_token_s, per_kv_token_s (seconds)"
-            ) from None
-        if min(coef) < 0 or coef[0] + coef[1] <= 0:
-            raise ConfigError("step_time_fit", coef, "non-negative, fixed_s + per_token_s > 0")
-        return cls(fixed_s=coef[0], per_token_s=coef[1], per_kv_token_s=coef[2], source=source)
+                "step_time_fit",
+                dict(zip(names, [*coef, per_extra], strict=True)),
+                "every coefficient non-negative, fixed_s + per_token_s > 0",
+            )
+        return cls(
+            fixed_s=coef[0],
+            per_token_s=coef[1],
+            per_kv_token_s=coef[2],
+            per_extra_token_s=per_extra,
+            source=source,
+        )
 
     @classmethod
     def roofline(cls, gpu: Gpu, profile: ModelProfile) -> StepTimeModel:

@@ -143,7 +143,7 @@ class StepCost:
         tokens = decode_batch * (k + 1) + prefill_tokens
         if tokens <= 0:
             return 0.0
-        verify = self.step_model.step_time(tokens, kv_tokens)
+        verify = self.step_model.step_time(tokens, kv_tokens, sequences=decode_batch)
         if method == "none":
             return verify
         verify *= 1.0 + spec_path_overhead(decode_batch) * self.spec_path_scale

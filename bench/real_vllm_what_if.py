@@ -1,0 +1,171 @@
+"""What the tuner's physics prior predicts for the real vLLM bench, against what the run measured.
+
+Contract: reads bench/results/real_vllm.json (a committed real run: its step-time fit, its
+measured tokens/s per static config and acceptance lengths per phase, SpecPilot's observed
+batch) and, for each greedy phase at concurrency 1, prints and writes what the tuner's
+`Surrogate.prior` predicts for every static config under two step-time models: the run's
+decode-only fit, and the same fit with each token a sequence adds beyond its first priced at
+`--per-extra-ms` (default: what the run's own ngram K=5 servers imply, (step at K=5 - step at
+K=0) / 5 from measured tokens/s and acceptance; a real run measures it with the prefill probe,
+bench/real_engine.py). Each model is shown with the chat prior's acceptance (what the tuner
+starts from) and with the run's measured acceptance (what it would know after one window of that
+config). Measured acceptance and per-config tokens/s come from the run: this is a check of the
+cost model against measurements, not a tuner benchmark (the tuner is told nothing here).
+
+Run: .venv/bin/python bench/real_vllm_what_if.py   (a second; writes
+bench/results/real_vllm_what_if.json and .md)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from specpilot.tuner import (
+    AcceptanceCurve,
+    SpecConfig,
+    StepCost,
+    StepTimeModel,
+    acceptance_curve,
+    p_for_length,
+)
+from specpilot.tuner._model.surrogate import Surrogate
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+
+
+def ngram(k: int) -> SpecConfig:
+    """ngram at K; K = 0 is no speculation."""
+    return SpecConfig(method="ngram", num_speculative_tokens=k) if k else SpecConfig()
+
+
+def measured_step_ms(tok_s: float, length: float) -> float:
+    """ms per engine step at concurrency 1: tokens per step over tokens per second."""
+    return 1e3 * length / tok_s
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--run", default=str(RESULTS / "real_vllm.json"))
+    parser.add_argument("--per-extra-ms", type=float, default=None)
+    parser.add_argument("--out", default=str(RESULTS / "real_vllm_what_if.json"))
+    ns = parser.parse_args(argv)
+    run = json.loads(Path(ns.run).read_text())
+    fit = run["step_time_fit"]
+    statics = {p["policy"]: p for p in run["policies"] if p["kind"] == "static"}
+    lengths = run["acceptance_length_from_engine_logs"]
+    greedy_c1 = [ph for ph in run["phases"] if ph["concurrency"] == 1 and ph["temperature"] == 0]
+    ngram_ks = sorted(int(name.split("=")[1]) for name in statics if name.startswith("ngram K="))
+    first = greedy_c1[0]["name"]
+    tok_s = {n: _phase(p, first)["tokens_per_s_wall"] for n, p in statics.items()}
+    k_top = ngram_ks[-1]
+    implied = (
+        measured_step_ms(tok_s[f"ngram K={k_top}"], lengths[f"ngram_K={k_top}"][first])
+        - measured_step_ms(tok_s["none"], 1.0)
+    ) / k_top
+    per_extra_ms = implied if ns.per_extra_ms is None else ns.per_extra_ms
+    decode_only = StepTimeModel.from_fit_json(fit, source="the run's decode-only fit")
+    priced = StepTimeModel.from_fit_json(
+        {**fit, "per_extra_token_s": per_extra_ms * 1e-3}, source="extra tokens priced apart"
+    )
+    chat = {"ngram": acceptance_curve("ngram", "chat")}
+    rows: list[dict[str, Any]] = []
+    for phase in greedy_c1:
+        name = phase["name"]
+        measured = {n: _phase(p, name)["tokens_per_s_wall"] for n, p in statics.items()}
+        batch = 1.0
+        for label, model in (("decode-only fit", decode_only), ("extra tokens priced", priced)):
+            cost = StepCost.from_fit(model, "H100", "llama-3.1-8b")
+            for prior_label in ("chat prior", "measured acceptance"):
+                for k in [0, *ngram_ks]:
+                    config = ngram(k)
+                    policy = "none" if k == 0 else f"ngram K={k}"
+                    if prior_label == "chat prior" or k == 0:
+                        acceptance = chat
+                    else:
+                        length = lengths[f"ngram_K={k}"][name]
+                        acceptance = {"ngram": AcceptanceCurve(p_for_length(length, k, 1.0), 1.0)}
+                    predicted = Surrogate(cost, acceptance).prior(config, batch, 0.0)
+                    rows.append(
+                        {
+                            "phase": name,
+                            "cost": label,
+                            "acceptance": prior_label,
+                            "config": policy,
+                            "predicted_tok_s": round(predicted.tokens_per_s, 1),
+                            "measured_tok_s": measured[policy],
+                        }
+                    )
+    report = {
+        "command": " ".join(
+            [".venv/bin/python", "bench/real_vllm_what_if.py", *(argv or sys.argv[1:])]
+        ),
+        "commit": _commit(),
+        "run": {
+            "file": _relative(Path(ns.run)),
+            "commit": run.get("commit"),
+            "command": run.get("command"),
+        },
+        "per_extra_token_ms": round(per_extra_ms, 4),
+        "per_extra_token_source": (
+            f"implied by the run's ngram K={k_top} and none servers in '{first}'"
+            if ns.per_extra_ms is None
+            else "--per-extra-ms"
+        ),
+        "rows": rows,
+    }
+    out = Path(ns.out)
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    out.with_suffix(".md").write_text(markdown(report))
+    print(markdown(report))
+    return 0
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = [
+        "# The tuner's prior against the real vLLM run it would have served",
+        "",
+        f"Command: `{report['command']}`  ",
+        f"Commit: `{report['commit']}`  ",
+        f"Inputs: `{report['run']['file']}` (run at `{report['run']['commit']}`, "
+        f"`{report['run']['command']}`)",
+        "",
+        f"Extra-token price: {report['per_extra_token_ms']} ms "
+        f"({report['per_extra_token_source']}). Predictions are `Surrogate.prior` at batch 1, no "
+        "residual learned; measured is the run's tokens/s for that static config in that phase.",
+        "",
+        "| phase | step cost | acceptance | config | predicted tok/s | measured tok/s |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in report["rows"]:
+        lines.append(
+            f"| {r['phase']} | {r['cost']} | {r['acceptance']} | {r['config']} | "
+            f"{r['predicted_tok_s']} | {r['measured_tok_s']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _phase(policy: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(p for p in policy["phases"] if p["name"] == name)
+
+
+def _relative(path: Path) -> str:
+    resolved = path.resolve()
+    return str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else str(path)
+
+
+def _commit() -> str:
+    done = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    return done.stdout.strip() or "unknown"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
