@@ -10,7 +10,10 @@ K=0) / 5 from measured tokens/s and acceptance; a real run measures it with the 
 bench/real_engine.py). Each model is shown with the chat prior's acceptance (what the tuner
 starts from) and with the run's measured acceptance (what it would know after one window of that
 config). Measured acceptance and per-config tokens/s come from the run: this is a check of the
-cost model against measurements, not a tuner benchmark (the tuner is told nothing here).
+cost model against measurements, not a tuner benchmark. Then `decide` on SpecPilot's first tick
+of each such phase (its observed batch and tokens/s, speculation off, the run's settings), under
+each cost model, from the chat prior and from a prior set to the acceptance ngram K=5 measured
+there: whether the tuner would move if it knew.
 
 Run: .venv/bin/python bench/real_vllm_what_if.py   (a second; writes
 bench/results/real_vllm_what_if.json and .md)
@@ -28,10 +31,14 @@ from typing import Any
 
 from specpilot.tuner import (
     AcceptanceCurve,
+    Observation,
     SpecConfig,
     StepCost,
     StepTimeModel,
+    TunerSettings,
+    TunerState,
     acceptance_curve,
+    decide,
     p_for_length,
 )
 from specpilot.tuner._model.surrogate import Surrogate
@@ -102,6 +109,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                             "measured_tok_s": measured[policy],
                         }
                     )
+    decisions = [
+        decision_row(run, phase["name"], label, model, prior_label, ngram_ks)
+        for phase in greedy_c1
+        for label, model in (("decode-only fit", decode_only), ("extra tokens priced", priced))
+        for prior_label in ("chat prior", "measured acceptance")
+    ]
     report = {
         "command": " ".join(
             [".venv/bin/python", "bench/real_vllm_what_if.py", *(argv or sys.argv[1:])]
@@ -119,12 +132,69 @@ def main(argv: Sequence[str] | None = None) -> int:
             else "--per-extra-ms"
         ),
         "rows": rows,
+        "decisions": decisions,
     }
     out = Path(ns.out)
     out.write_text(json.dumps(report, indent=1) + "\n")
     out.with_suffix(".md").write_text(markdown(report))
     print(markdown(report))
     return 0
+
+
+def decision_row(
+    run: dict[str, Any],
+    phase: str,
+    label: str,
+    model: StepTimeModel,
+    prior_label: str,
+    ks: list[int],
+) -> dict[str, Any]:
+    """`decide` on SpecPilot's first tick of `phase`, as the run's loop saw it."""
+    tick = next(t for t in run["specpilot"]["ticks"] if t["phase"] == phase)
+    chosen = run["specpilot"]["settings"]
+    settings = TunerSettings(
+        candidates=tuple(ngram(k) for k in [0, *ks]),
+        min_dwell_s=chosen["min_dwell_s"],
+        restart_budget_per_hour=chosen["restart_budget_per_hour"],
+        restart_downtime_s=chosen["restart_downtime_s"],
+        expected_dwell_s=chosen["expected_dwell_s"],
+        hysteresis=chosen["hysteresis"],
+        window_s=chosen["window_s"],
+    )
+    k_top = ks[-1]
+    if prior_label == "chat prior":
+        curve = acceptance_curve("ngram", "chat")
+    else:
+        length = run["acceptance_length_from_engine_logs"][f"ngram_K={k_top}"][phase]
+        curve = AcceptanceCurve(p_for_length(length, k_top, 1.0), 1.0)
+    state = TunerState.initial(SpecConfig(), 0.0, {"ngram": curve}, task="chat")
+    observation = Observation(
+        engine="vllm",
+        window_s=chosen["window_s"],
+        pods=("pilot",),
+        acceptance_length=None,
+        acceptance_rate=None,
+        acceptance_per_position=None,
+        running_requests=tick["batch"],
+        waiting_requests=0.0,
+        kv_cache_usage=None,
+        generation_tokens_per_s=tick["tokens_per_s"],
+        tpot_p50_s=None,
+        tpot_p95_s=None,
+        ttft_p95_s=None,
+    )
+    cost = StepCost.from_fit(model, "H100", "llama-3.1-8b")
+    decision, _ = decide(observation, state, settings, cost, 3600.0)
+    return {
+        "phase": phase,
+        "cost": label,
+        "acceptance": prior_label,
+        "batch": tick["batch"],
+        "tokens_per_s": tick["tokens_per_s"],
+        "action": decision.action,
+        "config": decision.config.describe(),
+        "reason": decision.reason,
+    }
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -147,6 +217,18 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append(
             f"| {r['phase']} | {r['cost']} | {r['acceptance']} | {r['config']} | "
             f"{r['predicted_tok_s']} | {r['measured_tok_s']} |"
+        )
+    lines += [
+        "",
+        "## What `decide` does on SpecPilot's first tick of the phase",
+        "",
+        "| phase | step cost | acceptance | batch | tok/s | action -> config | reason |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for d in report["decisions"]:
+        lines.append(
+            f"| {d['phase']} | {d['cost']} | {d['acceptance']} | {d['batch']} | "
+            f"{d['tokens_per_s']} | {d['action']} -> {d['config']} | {d['reason']} |"
         )
     return "\n".join(lines) + "\n"
 
