@@ -13,7 +13,9 @@ config). Measured acceptance and per-config tokens/s come from the run: this is 
 cost model against measurements, not a tuner benchmark. Then `decide` on SpecPilot's first tick
 of each such phase (its observed batch and tokens/s, speculation off, the run's settings), under
 each cost model, from the chat prior and from a prior set to the acceptance ngram K=5 measured
-there: whether the tuner would move if it knew.
+there: whether the tuner would move if it knew; and, for each `--ngram-p-sd` given, from the
+chat prior with that spread on ngram's p in place of the published one (priors.PRIOR_P_SD, set
+for this process only): whether a wider prior alone would make it try ngram.
 
 Run: .venv/bin/python bench/real_vllm_what_if.py   (a second; writes
 bench/results/real_vllm_what_if.json and .md)
@@ -42,6 +44,7 @@ from specpilot.tuner import (
     p_for_length,
 )
 from specpilot.tuner._model.surrogate import Surrogate
+from specpilot.tuner.priors import PRIOR_P_SD
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -62,6 +65,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--run", default=str(RESULTS / "real_vllm.json"))
     parser.add_argument("--per-extra-ms", type=float, default=None)
     parser.add_argument("--out", default=str(RESULTS / "real_vllm_what_if.json"))
+    parser.add_argument(
+        "--ngram-p-sd",
+        default="0.25,0.5",
+        help="comma-separated spreads of ngram's prior p to decide from (chat prior)",
+    )
     ns = parser.parse_args(argv)
     run = json.loads(Path(ns.run).read_text())
     fit = run["step_time_fit"]
@@ -98,7 +106,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     else:
                         length = lengths[f"ngram_K={k}"][name]
                         acceptance = {"ngram": AcceptanceCurve(p_for_length(length, k, 1.0), 1.0)}
-                    predicted = Surrogate(cost, acceptance).prior(config, batch, 0.0)
+                    surrogate = Surrogate(cost, acceptance)
+                    predicted = surrogate.prior(config, batch, 0.0)
+                    capacity = max(
+                        surrogate.prior(config, 2 ** (i / 2), 0.0).tokens_per_s
+                        for i in range(17)  # batches 1 to 256, the run's max_batch
+                    )
                     rows.append(
                         {
                             "phase": name,
@@ -106,6 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                             "acceptance": prior_label,
                             "config": policy,
                             "predicted_tok_s": round(predicted.tokens_per_s, 1),
+                            "predicted_capacity_tok_s": round(capacity, 1),
                             "measured_tok_s": measured[policy],
                         }
                     )
@@ -115,6 +129,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         for label, model in (("decode-only fit", decode_only), ("extra tokens priced", priced))
         for prior_label in ("chat prior", "measured acceptance")
     ]
+    published_sd = PRIOR_P_SD["ngram"]
+    try:
+        for sd in (float(text) for text in ns.ngram_p_sd.split(",") if text):
+            PRIOR_P_SD["ngram"] = sd
+            for label, model in (("decode-only fit", decode_only), ("extra tokens priced", priced)):
+                row = decision_row(run, greedy_c1[0]["name"], label, model, "chat prior", ngram_ks)
+                decisions.append({**row, "acceptance": f"chat prior, ngram p sd {sd}"})
+    finally:
+        PRIOR_P_SD["ngram"] = published_sd
     report = {
         "command": " ".join(
             [".venv/bin/python", "bench/real_vllm_what_if.py", *(argv or sys.argv[1:])]
@@ -208,15 +231,19 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         f"Extra-token price: {report['per_extra_token_ms']} ms "
         f"({report['per_extra_token_source']}). Predictions are `Surrogate.prior` at batch 1, no "
-        "residual learned; measured is the run's tokens/s for that static config in that phase.",
+        "residual learned; capacity is the prior's most tokens/s over batches 1 to 256 (the "
+        "latency objective prices a config whose capacity is below the demand, 1.2x with its "
+        "margin, as overloaded); measured is the run's tokens/s for that static config in that "
+        "phase at concurrency 1.",
         "",
-        "| phase | step cost | acceptance | config | predicted tok/s | measured tok/s |",
-        "|---|---|---|---|---|---|",
+        "| phase | step cost | acceptance | config | predicted tok/s | predicted capacity tok/s "
+        "| measured tok/s |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in report["rows"]:
         lines.append(
             f"| {r['phase']} | {r['cost']} | {r['acceptance']} | {r['config']} | "
-            f"{r['predicted_tok_s']} | {r['measured_tok_s']} |"
+            f"{r['predicted_tok_s']} | {r['predicted_capacity_tok_s']} | {r['measured_tok_s']} |"
         )
     lines += [
         "",
