@@ -78,6 +78,9 @@ PHASES = (
     Phase("c1 greedy (again)", 1, 0.0),
 )
 CALIBRATION_CONCURRENCY = (1, 4, 16, 32)
+MAX_NUM_SEQS = 32
+"""vLLM's --max-num-seqs on every server here; the tuner is told it (TunerSettings.max_batch,
+256 unless told), so its capacity reads stop where the engine's do."""
 TYPICAL_START_S = 150.0
 """A vLLM CPU start on the shared host (real_vllm.json: 107-186 s); only --dry-run uses it."""
 
@@ -88,7 +91,7 @@ def make_engine(port: int, log_dir: Path) -> TimedEngine:
         served_model_name=SERVED,
         host="127.0.0.1",
         port=port,
-        extra_args=("--max-model-len", "1024", "--max-num-seqs", "32"),
+        extra_args=("--max-model-len", "1024", "--max-num-seqs", str(MAX_NUM_SEQS)),
         sidecar_dir=f"/tmp/specpilot-bench-{port}",
     )
     env = {
@@ -217,6 +220,7 @@ def plan_for(ns: argparse.Namespace, argv: Sequence[str]) -> Plan:
             f"build, model {MODEL.relative_to(ROOT)}",
         },
         after_phase=after_phase,
+        settings_overrides={"max_batch": MAX_NUM_SEQS},
     )
 
 

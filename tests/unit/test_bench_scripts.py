@@ -113,7 +113,8 @@ def test_real_vllm_dry_run_keeps_its_policies_and_profile(
         "specpilot",
     ]
     assert [p["concurrency"] for p in plan["phases"]] == [1, 32, 32, 1, 1]
-    assert plan["tuner_settings_overrides"] == {}  # the tuner's defaults, as before
+    # the tuner is told the servers' --max-num-seqs (TunerSettings.max_batch; default 256)
+    assert plan["tuner_settings_overrides"] == {"max_batch": 32}
     assert plan["calibration_concurrency"] == [1, 4, 16, 32]
 
 
