@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -46,8 +45,11 @@ from specpilot.tuner import (
 from specpilot.tuner._model.surrogate import Surrogate
 from specpilot.tuner.priors import PRIOR_P_SD
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results"
+BENCH = str(Path(__file__).resolve().parent)
+if BENCH not in sys.path:  # imported by path (the tests): the shared harness lives beside it
+    sys.path.insert(0, BENCH)
+
+from real_engine import RESULTS, ROOT, git_commit  # noqa: E402
 
 
 def ngram(k: int) -> SpecConfig:
@@ -142,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "command": " ".join(
             [".venv/bin/python", "bench/real_vllm_what_if.py", *(argv or sys.argv[1:])]
         ),
-        "commit": _commit(),
+        "commit": git_commit(),
         "run": {
             "file": _relative(Path(ns.run)),
             "commit": run.get("commit"),
@@ -267,13 +269,6 @@ def _phase(policy: dict[str, Any], name: str) -> dict[str, Any]:
 def _relative(path: Path) -> str:
     resolved = path.resolve()
     return str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else str(path)
-
-
-def _commit() -> str:
-    done = subprocess.run(
-        ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False
-    )
-    return done.stdout.strip() or "unknown"
 
 
 if __name__ == "__main__":
