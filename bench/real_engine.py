@@ -495,6 +495,12 @@ def add_arguments(parser: argparse.ArgumentParser, *, phases: int, out: Path, lo
         action="store_true",
         help="print the plan (policies, command lines, phases, expected minutes) and exit",
     )
+    parser.add_argument(
+        "--calibrate-only",
+        metavar="FILE",
+        help="start the plain server only, calibrate it as the run would and write the fit to "
+        "FILE as JSON (`specpilot run --step-time-fit FILE` reads it), then exit",
+    )
 
 
 def check_arguments(parser: argparse.ArgumentParser, ns: argparse.Namespace, phases: int) -> None:
@@ -738,7 +744,39 @@ def main_for(
     if ns.dry_run:
         print(json.dumps(dry_run(plan, ns, dry_run_start_s), indent=2))
         return 0
+    if ns.calibrate_only:
+        return calibrate_only(plan, ns, log, Path(ns.calibrate_only))
     return run(plan, ns, log, started)
+
+
+def calibrate_only(
+    plan: Plan, ns: argparse.Namespace, log: Callable[[str], None], out: Path
+) -> int:
+    """The plain server's fit as `run` measures it, written where `--step-time-fit` reads it,
+    with the command, the commit and the measured points beside the coefficients."""
+    name, config = plan.statics[0]
+    engine = plan.make_engine(ns.port, Path(ns.log_dir) / "calibrate-only")
+    log(f"{name}: starting {plan.engine_label} with {config.describe()}")
+    try:
+        engine.apply(config)
+        warm_up(engine.url)
+        fit, points, prefill = calibrate(
+            engine, ns.calibrate_seconds, plan.calibration_concurrency, "calibrate-only"
+        )
+    finally:
+        engine.stop()
+    body = {
+        "fixed_s": fit.fixed_s,
+        "per_token_s": fit.per_token_s,
+        "per_kv_token_s": fit.per_kv_token_s,
+        "per_extra_token_s": fit.per_extra_token_s,
+        "points_c_ms": points,
+        "prefill_probe": prefill,
+        **{k: v for k, v in plan.report_head.items() if k in ("command", "commit", "machine")},
+    }
+    out.write_text(json.dumps(body, indent=1) + "\n")
+    log(f"fit written to {out}: {json.dumps(body)}")
+    return 0
 
 
 def dry_run(plan: Plan, ns: argparse.Namespace, start_s: float) -> dict[str, Any]:
