@@ -15,9 +15,11 @@ window, and dividing it by the whole window read every rate low (beside stress-n
 test read the running batch through Prometheus at 1.25 where the direct two scrapes read 3.89).
 The span comes from the raw samples of one counter every engine exports (all of a pod's series
 are scraped together); where a pod has fewer than two, the window asked is used. Prometheus'
-clamp at a counter's zero point (a pod started inside the window) is not modelled. Transport and query errors become `PromQLError`; a query that times
-out is not asked again (a server that is slow now stays slow: a tick waits one `timeout_s`, not
-one per retry), while refused connections and 5xx answers are retried as the client does; series
+clamp at a counter's zero point (a pod started inside the window) is not modelled.
+
+Transport and query errors become `PromQLError`; a query that times out is not asked again (a
+server that is slow now stays slow: a tick waits one `timeout_s`, not one per retry), while
+refused connections and 5xx answers are retried as the client does; series
 that are missing, NaN, infinite or malformed (a value that is not a number, a bucket `le` that
 is not a number, a `position` that is not a whole number) are simply absent from the stats,
 never raised.
