@@ -154,8 +154,18 @@ run_in() {  # image, command...
     local image=$1 status=0
     shift
     [ -n "${containers[$image]:-}" ] || containers[$image]=$("${BUILDAH[@]}" from --pull=never "$image")
-    OUT_TEXT=$("${BUILDAH[@]}" run --isolation chroot "${containers[$image]}" -- "$@" 2>&1) || status=$?
-    echo "$OUT_TEXT" >>"$LOG"
+    local attempt
+    for attempt in 1 2 3; do
+        status=0
+        OUT_TEXT=$("${BUILDAH[@]}" run --isolation chroot "${containers[$image]}" -- "$@" 2>&1) || status=$?
+        echo "$OUT_TEXT" >>"$LOG"
+        # buildah seals a memfd copy of itself before re-executing; a loaded kernel can answer
+        # that with a transient EBUSY before the command ever ran (seen under stress-ng), so
+        # only that message is retried: every command run here only reads the image
+        [ "$status" != 0 ] && [[ "$OUT_TEXT" == *"sealing memfd copy"* ]] || break
+        echo "buildah run: transient memfd EBUSY, attempt $attempt of 3" >>"$LOG"
+        sleep "$attempt"
+    done
     [ "$status" = 0 ] || { echo "error: $* failed in $image (exit $status)" >&2; exit 1; }
 }
 remove_containers() {  # a failed command leaves no container behind either

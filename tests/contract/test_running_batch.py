@@ -6,16 +6,27 @@ Contract: `Observation.running_requests`, the request-seconds vLLM accumulated i
 over its length (engine_metrics.running_estimate: the inter-token-latency sum plus prefill
 time), agrees within 20% with an independent reading of the same two snapshots (the decode
 batch per engine step: inter-token observations over `vllm:iteration_tokens_total`'s step
-count), is within 20% of the client's concurrency at 1 user, and at 32 users is what the engine
-holds: 30.75 measured on a quiet host (`pytest tests/contract/test_running_batch.py -s`), fewer
-on a starved one, where the rest wait in the HTTP layer, so only a bound a loaded host cannot
-cross (a quarter of the clients) is asserted against the client there. The sampled
-`vllm:num_requests_running` gauge (what the tuner used to read) is printed beside them, not
-asserted. Read through a real Prometheus (PromQLReader) the same window gives the same batch
-as the direct two scrapes, also when a starved Prometheus scraped late (the reader divides
-by the span Prometheus' samples cover, not the window asked).
+count; on a starved host the integral may read more, see the test), is within 20% of the
+client's concurrency at 1 user, and at 32 users is what the engine holds: never more than the
+clients keep in flight (+20%): 32.1 to 35.9 on a quiet host in three runs of
+`pytest tests/contract/test_running_batch.py -s` (up to 12% above max-num-seqs 32, where edge
+bias over 50 steps is at most 4%: cause not found), fewer on a starved one, where the rest
+wait in the HTTP layer (7.3 on a CI host starved to 6 engine steps in 8 s), so below only that
+the engine batched them at all is asserted. The sampled `vllm:num_requests_running` gauge
+(what the tuner used to read) is printed beside them, not asserted. Read through a real
+Prometheus (PromQLReader) the same window gives the same batch as the direct two scrapes, also
+when a starved Prometheus scraped late (the reader divides by the span Prometheus' samples
+cover, not the window asked).
 A random model wider than the tiny one keeps the engine, not the HTTP front end, the
-bottleneck (wide_model.py says why). ~3 minutes on two cores, most of it vLLM's start.
+bottleneck (wide_model.py says why). ~4-6 minutes on two cores, most of it vLLM's start.
+
+Windows are closed by events, not by the clock. vLLM counts a request's prefill when the
+request finishes, so a window with no completion misses every prefill in it (that CI host's
+8 s window held 0 completions and read 8.47 running where the per-step count read 26.83); and
+the inter-token gap straddling each edge counts wholly on one side (`WINDOW_STEPS`). So the
+load runs until the engine has finished a request per four users before a window opens, and a
+window stays open (8 s at least) until it has seen as many more completions and
+`WINDOW_STEPS` engine steps: 8 s at 1 user, ~33 s at 32 users on a quiet host.
 """
 
 from __future__ import annotations
@@ -49,6 +60,18 @@ pytestmark = pytest.mark.engines
 SERVED = "wide"
 WINDOW_S = 8.0
 TOLERANCE = 0.20
+MANY_USERS_FLOOR = 2.0
+"""Running requests 32 closed-loop users keep in the engine on any host: one user reads 1."""
+COMPLETIONS = "vllm:request_inference_time_seconds_count"
+STEPS = "vllm:iteration_tokens_total_count"
+WINDOW_STEPS = 50
+"""Engine steps a window spans at least. The inter-token gap that straddles each edge counts
+wholly on one side: up to a step per running request per edge. At 32 users a step of this
+model takes ~0.65 s on a quiet host, and an 8 s window of 14 steps read 39.2 running for 32
+users (30.6 per step); 56 steps read 32.1 (30.9 per step)."""
+EVENT_CAP_S = 600.0
+"""How long a window may wait for its completions: a host that cannot finish 32 short
+requests in 10 minutes is broken, not slow."""
 
 
 @pytest.fixture(scope="module")
@@ -77,15 +100,49 @@ def total(snapshot: Snapshot, name: str) -> float:
     return sum(snapshot.series(name).values())
 
 
+def snapshot_after(
+    client: httpx.Client,
+    url: str,
+    since: Snapshot,
+    completions: int,
+    at_least_s: float,
+    steps: int = 0,
+) -> Snapshot:
+    """The first scrape at least `at_least_s` after `since` that counts `completions` more
+    finished requests and `steps` more engine steps than it, polled every half second."""
+    time.sleep(at_least_s)
+    deadline = time.monotonic() + EVENT_CAP_S
+    while True:
+        snapshot = fetch_snapshot(client, url, time.monotonic())
+        finished = total(snapshot, COMPLETIONS) - total(since, COMPLETIONS)
+        stepped = total(snapshot, STEPS) - total(since, STEPS)
+        if finished >= completions and stepped >= steps:
+            return snapshot
+        if time.monotonic() > deadline:
+            pytest.fail(
+                f"vLLM finished {finished:.0f} of {completions} requests and {stepped:.0f} of "
+                f"{steps} steps in {EVENT_CAP_S} s"
+            )
+        time.sleep(0.5)
+
+
+def steady_window(client: httpx.Client, url: str, users: int) -> tuple[Snapshot, Snapshot]:
+    """Two scrapes, stamped as each request starts (as runtime/window.py does): the first once
+    the engine has finished a request per four users (at least one) since the load started,
+    the second at least WINDOW_S and WINDOW_STEPS engine steps later, once as many more have
+    finished."""
+    completions = max(1, users // 4)
+    start = fetch_snapshot(client, url, time.monotonic())
+    first = snapshot_after(client, url, start, completions, at_least_s=1.0)
+    last = snapshot_after(client, url, first, completions, WINDOW_S, steps=WINDOW_STEPS)
+    return first, last
+
+
 @pytest.mark.parametrize("users", [1, 32])
 def test_two_scrapes_read_the_clients_concurrency(vllm_url: str, users: int) -> None:
     url = f"{vllm_url}/metrics"
     with ClosedLoop(vllm_url, SERVED, users) as load, httpx.Client(timeout=60) as client:
-        time.sleep(2.0 + users / 8)  # every user has a request in flight
-        # exactly two scrapes, stamped as each request starts (as runtime/window.py does)
-        first = fetch_snapshot(client, url, time.monotonic())
-        time.sleep(WINDOW_S)
-        last = fetch_snapshot(client, url, time.monotonic())
+        first, last = steady_window(client, url, users)
     assert not load.errors, load.errors[:3]
     stats = window_stats("vllm", "server", [first, last])
     observation = observe("vllm", [stats])
@@ -94,9 +151,9 @@ def test_two_scrapes_read_the_clients_concurrency(vllm_url: str, users: int) -> 
     def delta(name: str) -> float:
         return total(last, name) - total(first, name)
 
-    steps = delta("vllm:iteration_tokens_total_count")
+    steps = delta(STEPS)
     per_step = delta("vllm:inter_token_latency_seconds_count") / steps
-    finished = delta("vllm:request_inference_time_seconds_count")
+    finished = delta(COMPLETIONS)
     print(
         f"\nvLLM, {users} users: window {stats.window_s:.2f} s, {finished:.0f} completions, "
         f"{steps:.0f} steps; running (integral) {batch:.2f}, decode batch per step "
@@ -109,14 +166,16 @@ def test_two_scrapes_read_the_clients_concurrency(vllm_url: str, users: int) -> 
     # counts the stalls between steps) where the per-step count does not, so there it reads
     # more (6.02 against 3.36 per step beside stress-ng --cpu 2), never less.
     assert per_step == pytest.approx(batch, rel=TOLERANCE) or per_step < batch
+    # and no host, however loaded, runs more requests than the clients keep in flight
+    assert batch <= users * (1 + TOLERANCE)
     if users == 1:
         assert batch == pytest.approx(users, rel=TOLERANCE)
     else:
         # On a quiet host the engine holds the clients' concurrency (30.75 of 32 measured,
-        # see the module docstring); a starved 2-core host holds fewer in the engine while the
-        # rest wait in the HTTP layer, which no engine metric sees, so against the client only
-        # a bound a loaded host cannot cross is asserted; the gauge's instants read ~0 here.
-        assert batch > users / 4
+        # see the module docstring); a starved host holds fewer in the engine while the rest
+        # wait in the HTTP layer, which no engine metric sees (7.3 of 32 on a CI host starved
+        # to 6 steps in 8 s), so against the client only that the engine batched them at all.
+        assert batch > MANY_USERS_FLOOR
 
 
 @pytest.fixture
@@ -132,22 +191,20 @@ def test_promql_reads_the_same_batch(vllm_url: str, prometheus: PromQLReader) ->
     users = 32
     url = f"{vllm_url}/metrics"
     with ClosedLoop(vllm_url, SERVED, users) as load, httpx.Client(timeout=60) as client:
-        time.sleep(6.0)  # every user in flight, and Prometheus has scraped the load
-        first = fetch_snapshot(client, url, time.monotonic())
-        time.sleep(WINDOW_S)
+        first, last = steady_window(client, url, users)
         end = time.time()
-        last = fetch_snapshot(client, url, time.monotonic())
+        window_s = float(round(last.timestamp - first.timestamp))
         time.sleep(2.5)  # a scrape after the window's end
     assert not load.errors, load.errors[:3]
-    [stats] = prometheus.window_stats("vllm", WINDOW_S, end)
+    [stats] = prometheus.window_stats("vllm", window_s, end)
     observation = observe("vllm", [stats])
     direct = observe("vllm", [window_stats("vllm", "server", [first, last])]).running_requests
     print(
         f"\nvLLM through Prometheus, {users} users: running {observation.running_requests}, "
         f"directly {direct}, gauge averaged over its 1 s scrapes "
         f"{observation.running_requests_gauge}; increase() spoke for {stats.window_s:.2f} s of "
-        f"the {WINDOW_S} s window"
+        f"the {window_s} s window"
     )
     assert observation.running_requests is not None and direct is not None
     assert observation.running_requests == pytest.approx(direct, rel=TOLERANCE)
-    assert observation.running_requests > users / 4  # see the two-scrape test
+    assert MANY_USERS_FLOOR < observation.running_requests <= users * (1 + TOLERANCE)
