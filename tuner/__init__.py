@@ -22,7 +22,7 @@ from specpilot.tuner._model.hardware import (
 from specpilot.tuner._model.step_cost import StepCost
 from specpilot.tuner._model.surrogate import Surrogate
 from specpilot.tuner.observation import Observation
-from specpilot.tuner.policy import Decision, TunerSettings, decide
+from specpilot.tuner.policy import DEFAULT_MAX_BATCH, Decision, TunerSettings, decide
 from specpilot.tuner.priors import (
     TASKS,
     Task,
@@ -41,6 +41,7 @@ from specpilot.tuner.spec_config import (
 from specpilot.tuner.state import TunerState
 
 __all__ = [
+    "DEFAULT_MAX_BATCH",
     "DRAFT_WEIGHT_METHODS",
     "GPUS",
     "PROFILES",

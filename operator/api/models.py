@@ -402,7 +402,9 @@ class Spec(ApiModel):
     )
     """Further engine flags, passed through unchanged after SpecPilot's own, each one argv entry
     (no shell). Refused: speculative flags and --model, --model-path, --served-model-name,
-    --host, --port (or their abbreviations), which SpecPilot writes."""
+    --host, --port (or their abbreviations), which SpecPilot writes. The engine's cap on
+    concurrent requests (vLLM --max-num-seqs, SGLang --max-running-requests) also tells the
+    tuner the batch each config's capacity is read at (unset: 256)."""
     env: list[EnvVar] = Field(
         default_factory=list,
         max_length=64,

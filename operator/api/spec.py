@@ -17,7 +17,7 @@ shape of `status.currentConfig` (operator/api/status.py `ConfigStatus`).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, get_args
 
 from specpilot.operator.api import models as api
@@ -34,7 +34,7 @@ from specpilot.operator.api.models import (
 )
 from specpilot.operator.api.pod import PodSettings
 from specpilot.operator.api.status import ConfigStatus
-from specpilot.runtime.engines import ADAPTERS, EngineName, LaunchSettings
+from specpilot.runtime.engines import ADAPTERS, EngineName, LaunchSettings, max_batch_from_args
 from specpilot.tuner import ConfigError, SpecConfig
 
 __all__ = [
@@ -126,6 +126,8 @@ class SpecDeploymentSpec:
     """None: the Deployment's replicas are left to whoever owns them (HPA, KEDA, a user)."""
     gpu: GpuSpec = field(default_factory=GpuSpec)
     extra_args: tuple[str, ...] = ()
+    max_batch: int | None = None
+    """The engine's cap on concurrent requests as extra_args set it (None: its default)."""
     env: tuple[EnvVar, ...] = ()
     allow_off: bool = field_default(api.Speculative, "allow_off")
     candidates: tuple[SpecConfig, ...] = (SpecConfig(),)
@@ -168,11 +170,13 @@ def decode_spec(spec: Mapping[str, Any]) -> SpecDeploymentSpec:
         tuning=_tuning(model.tuning),
         pod=model.pod,
     )
+    adapter = ADAPTERS[decoded.engine]
     try:
-        ADAPTERS[decoded.engine].render(initial, decoded.launch_settings())
+        adapter.render(initial, decoded.launch_settings())
+        max_batch = max_batch_from_args(adapter, decoded.extra_args)
     except ConfigError as exc:
         raise SpecError("spec.extraArgs", exc.value, exc.allowed, str(exc)) from exc
-    return decoded
+    return replace(decoded, max_batch=max_batch)
 
 
 def _gpu(resources: api.Resources) -> GpuSpec:

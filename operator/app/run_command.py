@@ -12,9 +12,10 @@ from typing import cast
 
 from specpilot.operator.app.cli_conventions import check_count, check_port, check_seconds
 from specpilot.operator.loop import ControlLoop, TickRecord
-from specpilot.runtime.engines import LaunchSettings, get_adapter
+from specpilot.runtime.engines import LaunchSettings, get_adapter, max_batch_from_args
 from specpilot.runtime.local_engine import LocalEngine
 from specpilot.tuner import (
+    DEFAULT_MAX_BATCH,
     DRAFT_WEIGHT_METHODS,
     ConfigError,
     SpecConfig,
@@ -155,6 +156,7 @@ def run(ns: argparse.Namespace) -> int:
         restart_budget_per_hour=ns.restart_budget,
         restart_downtime_s=ns.restart_downtime,
         slo_tpot_p95_s=slo,
+        max_batch=max_batch_from_args(get_adapter(ns.engine), extra) or DEFAULT_MAX_BATCH,
         # a catalog GPU's KV capacity is known; a measured fit (e.g. a CPU) says nothing of it
         kv_capacity_tokens=cost.kv_capacity_tokens() if ns.step_time_fit is None else None,
     )

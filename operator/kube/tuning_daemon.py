@@ -52,6 +52,7 @@ from specpilot.operator.kube.url_policy import UrlAllowList
 from specpilot.operator.loop import Actuator, ControlLoop, TickRecord, TrialActuator
 from specpilot.runtime.promql import PromQLError, PromQLReader
 from specpilot.tuner import (
+    DEFAULT_MAX_BATCH,
     Decision,
     Observation,
     SpecConfig,
@@ -114,6 +115,7 @@ def settings_for(spec: SpecDeploymentSpec) -> TunerSettings:
         slo_tpot_p95_s=tpot / 1e3 if with_slo and tpot is not None else None,
         slo_ttft_p95_s=ttft / 1e3 if with_slo and ttft is not None else None,
         window_s=float(spec.tuning.interval_s),
+        max_batch=spec.max_batch or DEFAULT_MAX_BATCH,
         # the catalog GPU's KV capacity at vLLM's default memory utilisation: an estimate
         kv_capacity_tokens=cost_for(spec).kv_capacity_tokens(),
     )

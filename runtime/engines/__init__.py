@@ -9,6 +9,7 @@ from specpilot.runtime.engines.base import (
     EngineName,
     LaunchSettings,
     MethodSupport,
+    max_batch_from_args,
 )
 from specpilot.runtime.engines.sglang import SglangAdapter
 from specpilot.runtime.engines.vllm import VllmAdapter
@@ -36,4 +37,5 @@ __all__ = [
     "SglangAdapter",
     "VllmAdapter",
     "get_adapter",
+    "max_batch_from_args",
 ]

@@ -65,6 +65,8 @@ class EngineAdapter(Protocol):
     name: EngineName
     version: str
     capabilities: Mapping[str, MethodSupport]
+    max_batch_flags: tuple[str, ...]
+    """The spellings of the flag that caps the requests the engine runs at once."""
 
     def check(self, config: SpecConfig) -> None:
         """Raise `EngineCapabilityError` if this engine cannot run `config`."""
@@ -193,6 +195,16 @@ def parse_int_flag(flag: FoundFlag | None) -> int | None:
         return int(flag.value or "")
     except ValueError as exc:
         raise EngineArgsError(flag.name, flag.value, "an integer") from exc
+
+
+def max_batch_from_args(adapter: EngineAdapter, args: Sequence[str]) -> int | None:
+    """The most requests `adapter`'s engine runs at once as `args` set it (None: the engine's
+    default); a value that is not a positive integer is an `EngineArgsError` naming the flag."""
+    found = find_flags(args, dict.fromkeys(adapter.max_batch_flags, "max_batch")).get("max_batch")
+    value = parse_int_flag(found)
+    if found is not None and value is not None and value < 1:
+        raise EngineArgsError(found.name, found.value, "a positive integer")
+    return value
 
 
 def refuse_speculative_flags(extra_args: Sequence[str], owned_prefixes: Sequence[str]) -> None:

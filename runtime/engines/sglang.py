@@ -83,6 +83,7 @@ class SglangAdapter:
     name: EngineName = "sglang"
     version = "0.5.23"
     capabilities = CAPABILITIES
+    max_batch_flags: tuple[str, ...] = ("--max-running-requests",)
 
     def check(self, config: SpecConfig) -> None:
         check_capability("SGLang", CAPABILITIES, config)

@@ -58,6 +58,8 @@ class VllmAdapter:
     name: EngineName = "vllm"
     version = "0.32.0"
     capabilities = CAPABILITIES
+    # vLLM's parser reads underscores as dashes
+    max_batch_flags: tuple[str, ...] = ("--max-num-seqs", "--max_num_seqs")
 
     def check(self, config: SpecConfig) -> None:
         check_capability("vLLM", CAPABILITIES, config)

@@ -13,16 +13,18 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pytest
 from kube.apiserver import REPO, ApiServer, default_crds, running_apiserver
 from kube.chart import operator_rules
 from tuning_helpers import busy, create, events, later, spd
 
+from specpilot.operator.api.errors import SpecError
 from specpilot.operator.api.spec import SpecDeploymentSpec, decode_spec
 from specpilot.operator.kube.actuator import KubeActuator
 from specpilot.operator.kube.client import KubeRest
 from specpilot.operator.kube.reconcile import reconcile
 from specpilot.operator.kube.tuning_daemon import kube_actuator, settings_for, tune
-from specpilot.tuner import Observation, SpecConfig, TunerSettings
+from specpilot.tuner import DEFAULT_MAX_BATCH, Observation, SpecConfig, TunerSettings
 
 
 class FakeActuator:
@@ -140,6 +142,19 @@ def test_the_objective_decides_whether_the_slo_counts() -> None:
     goodput, throughput = tuning("goodput"), tuning("throughput")
     assert (goodput.slo_tpot_p95_s, goodput.slo_ttft_p95_s) == (0.04, 0.8)
     assert (throughput.slo_tpot_p95_s, throughput.slo_ttft_p95_s) == (None, None)
+
+
+def test_the_tuner_is_told_the_engines_batch_cap_from_extra_args() -> None:
+    def cap(engine: str, extra_args: list[str]) -> int:
+        body = {"engine": engine, "model": "m", "extraArgs": extra_args}
+        return settings_for(decode_spec(body)).max_batch
+
+    assert cap("vllm", ["--max-model-len", "4096", "--max-num-seqs", "32"]) == 32
+    assert cap("sglang", ["--max-running-requests=16"]) == 16
+    assert cap("vllm", []) == DEFAULT_MAX_BATCH
+    with pytest.raises(SpecError) as info:
+        decode_spec({"engine": "vllm", "model": "m", "extraArgs": ["--max-num-seqs", "lots"]})
+    assert info.value.field == "spec.extraArgs" and "--max-num-seqs" in str(info.value)
 
 
 def test_off_and_recommend_run_the_initial_config_the_spec_names_now(

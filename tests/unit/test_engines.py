@@ -14,6 +14,7 @@ from specpilot.runtime.engines import (
     EngineCapabilityError,
     LaunchSettings,
     get_adapter,
+    max_batch_from_args,
 )
 from specpilot.runtime.engines.sglang import adaptive_config_json
 from specpilot.tuner import ConfigError, SpecConfig
@@ -319,6 +320,38 @@ def test_speculative_flags_in_extra_args_are_refused(engine: str, flag: str) -> 
     with pytest.raises(EngineArgsError, match="belong to SpecPilot") as info:
         get_adapter(engine).render(SpecConfig(), base)
     assert info.value.field == "extra_args"
+
+
+@pytest.mark.parametrize(
+    ("engine", "args", "expected"),
+    [
+        ("vllm", ("--max-model-len", "4096"), None),
+        ("vllm", ("--max-num-seqs", "64"), 64),
+        ("vllm", ("--max-num-seqs=32", "--max-model-len", "1024"), 32),
+        ("vllm", ("--max_num_seqs", "8"), 8),
+        ("sglang", ("--max-running-requests", "48"), 48),
+        ("sglang", ("--max-num-seqs", "64"), None),  # not SGLang's flag: its default stands
+    ],
+)
+def test_the_engines_batch_cap_is_read_from_its_extra_args(
+    engine: str, args: tuple[str, ...], expected: int | None
+) -> None:
+    assert max_batch_from_args(get_adapter(engine), args) == expected
+
+
+@pytest.mark.parametrize(
+    ("args", "flag", "allowed"),
+    [
+        (("--max-num-seqs", "many"), "--max-num-seqs", "an integer"),
+        (("--max-num-seqs=0",), "--max-num-seqs", "a positive integer"),
+        (("--max-num-seqs", "8", "--max_num_seqs", "9"), "--max_num_seqs", "at most once"),
+        (("--max-num-seqs",), "--max-num-seqs", "a value after the flag"),
+    ],
+)
+def test_a_bad_batch_cap_names_its_flag(args: tuple[str, ...], flag: str, allowed: str) -> None:
+    with pytest.raises(EngineArgsError) as info:
+        max_batch_from_args(get_adapter("vllm"), args)
+    assert info.value.field == flag and allowed in info.value.allowed
 
 
 PARSE_ERRORS = [

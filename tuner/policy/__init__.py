@@ -29,6 +29,6 @@ One tick is three steps, each its own module, composed by `decision.decide`:
 from __future__ import annotations
 
 from specpilot.tuner.policy.decision import Action, Decision, decide
-from specpilot.tuner.policy.settings import TunerSettings
+from specpilot.tuner.policy.settings import DEFAULT_MAX_BATCH, TunerSettings
 
-__all__ = ["Action", "Decision", "TunerSettings", "decide"]
+__all__ = ["DEFAULT_MAX_BATCH", "Action", "Decision", "TunerSettings", "decide"]

@@ -11,6 +11,10 @@ from typing import Literal
 
 from specpilot.tuner.spec_config import SpecConfig
 
+DEFAULT_MAX_BATCH = 256
+"""The batch limit when the engine's is not known: vLLM 0.32's default max-num-seqs on GPUs under
+70 GiB and on A100 (1024 on H100, H200 and larger; 128 on CPU)."""
+
 Objective = Literal["latency", "throughput", "goodput"]
 AcceptanceModel = Literal["posterior", "moving-average"]
 ResidualModel = Literal["gp", "offset"]
@@ -59,8 +63,9 @@ class TunerSettings:
     residual_model: ResidualModel = "gp"
     """gp: the shared offset plus the fitted GP over the residuals; offset: the shared offset
     alone (an ablation: every config corrected alike)."""
-    max_batch: int = 256
-    """The engine's max-num-seqs: the most concurrent requests a forecast can reach."""
+    max_batch: int = DEFAULT_MAX_BATCH
+    """The engine's max-num-seqs (SGLang: max-running-requests): the most concurrent requests a
+    forecast can reach, and the batch each config's capacity is read at."""
     context_tokens: float = 1024.0
     """Mean context per running request, unless the KV usage can tell (kv_capacity_tokens)."""
     kv_capacity_tokens: int | None = None
