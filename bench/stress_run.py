@@ -71,6 +71,19 @@ def junit_counts(path: Path) -> Obj:
     }
 
 
+def progress_counts(output: str) -> Obj:
+    """What `pytest -v` output cut off at a timeout tells (no junit report is written then):
+    the outcomes its last lines show and the test that was running."""
+    lines = [line for line in output.splitlines() if "::" in line]
+    outcomes = [line.split()[1] for line in lines if len(line.split()) > 1]
+    running = lines[-1].split()[0] if lines and len(lines[-1].split()) == 1 else None
+    return {
+        "tests": 0,
+        "outcomes_before_timeout": {o: outcomes.count(o) for o in sorted(set(outcomes))},
+        "running_at_timeout": running,
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--label", default="run")
@@ -83,7 +96,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ignored = untracked_tests(args.paths)
     junit = Path(f"/tmp/stress-{os.getpid()}.xml")
     pytest_command = [
-        ".venv/bin/python", "-m", "pytest", "-q", "-p", "no:cacheprovider",
+        # -v names each test as it starts: a run killed at its timeout says where it was
+        ".venv/bin/python", "-m", "pytest", "-v", "-p", "no:cacheprovider",
         f"--junitxml={junit}", *(f"--ignore={p}" for p in ignored), *args.paths,
     ]  # fmt: skip
     stress_command = ["stress-ng", "--cpu", str(args.cpu), "--timeout", f"{int(args.timeout_s)}s"]
@@ -108,10 +122,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             pytest_command, cwd=REPO, env=env, capture_output=True, text=True,
             timeout=args.timeout_s, check=False,
         )  # fmt: skip
-        rc, tail = test.returncode, (test.stdout + test.stderr)[-3000:]
+        rc, output = test.returncode, test.stdout + test.stderr
     except subprocess.TimeoutExpired as exc:
         partial = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else ""
-        rc, tail = 124, (str(exc) + "\n" + (partial or ""))[-3000:]
+        rc, output = 124, (partial or "") + "\n" + str(exc)
     finally:
         duration = time.monotonic() - began
         done.set()
@@ -138,8 +152,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "max": round(max(loads), 2) if loads else None,
             "samples": len(loads),
         },
-        **(junit_counts(junit) if junit.exists() else {"tests": 0}),
-        "pytest_tail": tail.splitlines()[-5:],
+        **(junit_counts(junit) if junit.exists() else progress_counts(output)),
+        "pytest_tail": output[-3000:].splitlines()[-5:],
     }
     report: Obj = json.loads(args.out.read_text()) if args.out.exists() else {"runs": []}
     report["runs"].append(result)
@@ -180,6 +194,11 @@ def markdown(report: Obj) -> str:
                               for s in run.get("slowest", [])[:5])]  # fmt: skip
         for failure in run.get("failures", []):
             lines.append(f"- FAILED `{failure['test']}`: {failure['message']}")
+        if "running_at_timeout" in run:
+            lines.append(
+                f"- killed at the timeout while `{run['running_at_timeout']}` ran; outcomes "
+                f"before it: {run.get('outcomes_before_timeout')}"
+            )
     return "\n".join(lines) + "\n"
 
 

@@ -261,3 +261,21 @@ def test_prefill_probe_prices_a_token_by_the_difference_of_two_prompt_lengths() 
     assert probe["long_median_ms"] == pytest.approx(3 + 0.7 * 40)
     assert len(prompts) == 10 and len(set(prompts)) == 10
     assert sorted({len(p) for p in prompts}) == [8, 40]
+
+
+# --------------------------------------------------------------------------- stress runner
+
+
+def test_a_stress_run_killed_at_its_timeout_names_the_test_that_was_running() -> None:
+    stress_run = _load("stress_run.py")
+    cut_off = (
+        "tests/a.py::test_x PASSED    [  1%]\n"
+        "tests/a.py::test_y FAILED    [  2%]\n"
+        "tests/b.py::test_z[1] PASSED [  3%]\n"
+        "tests/b.py::test_w "
+    )
+    counts = stress_run.progress_counts(cut_off)
+    assert counts["running_at_timeout"] == "tests/b.py::test_w"
+    assert counts["outcomes_before_timeout"] == {"FAILED": 1, "PASSED": 2}
+    finished = stress_run.progress_counts(cut_off.replace("test_w ", "test_w PASSED [  4%]"))
+    assert finished["running_at_timeout"] is None
