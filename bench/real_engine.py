@@ -313,9 +313,9 @@ def prefill_slope(
     one at a time: the difference of the median request times over the difference in length,
     so that what every request pays (HTTP, scheduling, the one sampled token) cancels. Each
     prompt is fresh random token ids, so prefix caching cannot serve any of it. Prefill stands in
-    for a verify step's drafts (more positions of a sequence already in the step); that it prices
-    them right is not yet checked (one vLLM CPU run beside other work read 0.18 ms where ngram
-    K=5's steps implied 0.74). (the
+    for a verify step's drafts (more positions of a sequence already in the step), and
+    underprices them on the vLLM CPU server: 0.232 ms on a quiet host where ngram K=5's steps
+    implied 0.739 (results/real_vllm_calibrate_only.json). (the
     slope, clamped at 0; the medians in ms for the report)"""
     short, long, requests = probe
     rng = random.Random(seed)
