@@ -145,6 +145,7 @@ def observe(engine: str, stats: Sequence[WindowStats]) -> Observation:
         ttft_p95_s=histogram_quantile(0.95, _merged_buckets(stats, "ttft")),
         counter_resets=sum(s.counter_resets for s in stats),
         prompt_tokens_per_s=_rate(stats, "prompt_tokens"),
+        requests_per_s=_finished_per_s(engine, stats),
         drafts=_sum_counter(stats, "drafts" if engine == "vllm" else "verify_calls"),
     )
     return _finite_only(observation)
@@ -295,6 +296,21 @@ def _weighted_gauge(
 
 def _sum_counter(stats: Sequence[WindowStats], key: str) -> float | None:
     values = [s.counters[key] for s in stats if key in s.counters]
+    return sum(values) if values else None
+
+
+FINISHED_COUNT = {"vllm": "inference_s", "sglang": "e2e_s"}
+"""The per-request histogram whose count grows by one as each request finishes."""
+
+
+def _finished_per_s(engine: str, stats: Sequence[WindowStats]) -> float | None:
+    """Requests finished per second, summed over pods; None when no pod saw one finish."""
+    key = FINISHED_COUNT[engine]
+    values = [
+        s.histogram_counts[key] / s.window_s
+        for s in stats
+        if s.histogram_counts.get(key, 0.0) > 0 and s.window_s > 0
+    ]
     return sum(values) if values else None
 
 

@@ -33,6 +33,9 @@ class Observation:
     counter_resets: int = 0
     prompt_tokens_per_s: float | None = None
     """Prefill tokens processed per second; with generation, how prefill-heavy the traffic is."""
+    requests_per_s: float | None = None
+    """Requests finished per second (the count of a per-request histogram); with the prompt
+    tokens, the mean prompt: how lumpy the prefill steps are."""
     running_requests_gauge: float | None = None
     """The engine's running-requests gauge averaged over the window's scrape instants: the
     cross-check of `running_requests`, which is a time integral where the engine's histograms

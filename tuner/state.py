@@ -84,6 +84,9 @@ class TunerState:
     residuals: tuple[ResidualPoint, ...] = ()
     prefill_ratio: float = 0.0
     """Prompt tokens prefilled per output token, a moving estimate from the traffic."""
+    prompt_tokens: float = 0.0
+    """Mean prompt tokens per request, a moving estimate (0 until the engine reports its
+    finished requests): how lumpy the prefill is (`StepCost.serving_step_time`)."""
     context_tokens: float = 0.0
     """Mean KV tokens per running request, a moving estimate (0 until the engine reports)."""
     recent_batches: tuple[float, ...] = ()
@@ -204,11 +207,17 @@ class TunerState:
         return _estimates(self.acceptance, self.acceptance_counts, self._mix(), self.prior_task)
 
     def learn_traffic(self, obs: Observation, kv_capacity_tokens: int | None) -> TunerState:
-        """Blend the window's prompt/output ratio and context per request into the estimates."""
+        """Blend the window's prompt/output ratio, prompt per request and context per request
+        into the estimates."""
         state = self
         prompt, output = obs.prompt_tokens_per_s, obs.generation_tokens_per_s
         if prompt is not None and output is not None and output > 0:
             state = replace(state, prefill_ratio=_blend(state.prefill_ratio, prompt / output))
+        finished = obs.requests_per_s
+        if prompt is not None and prompt > 0 and finished is not None and finished > 0:
+            # Bounded: a window whose few completions lag its prefill reads a wild ratio.
+            per_request = min(max(prompt / finished, 1.0), 1_000_000.0)
+            state = replace(state, prompt_tokens=_blend(state.prompt_tokens, per_request))
         usage, batch = obs.kv_cache_usage, obs.running_requests
         if kv_capacity_tokens and usage and batch is not None and batch >= 1:
             # Bounded: the capacity is the catalog's estimate, not the engine's own figure.
@@ -259,6 +268,7 @@ class TunerState:
             "task_mix": list(self.task_mix),
             "task_strength": self.task_strength,
             "prefill_ratio": round(self.prefill_ratio, 4),
+            "prompt_tokens": round(self.prompt_tokens, 1),
             "context_tokens": round(self.context_tokens, 1),
             "recent_batches": [round(b, 2) for b in self.recent_batches],
             "residuals": [
@@ -286,6 +296,7 @@ class TunerState:
             task_mix=_floats(body.get("task_mix", [])),
             task_strength=float(body.get("task_strength", INITIAL_TASK_STRENGTH)),
             prefill_ratio=float(body.get("prefill_ratio", 0.0)),
+            prompt_tokens=float(body.get("prompt_tokens", 0.0)),
             context_tokens=float(body.get("context_tokens", 0.0)),
             recent_batches=tuple(float(b) for b in body.get("recent_batches", [])),
             residuals=tuple(

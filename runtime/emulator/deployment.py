@@ -62,6 +62,7 @@ class _WindowTotals:
     accepted: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
     """Drafts whose position i (0-based) was accepted, summed over replicas (vLLM's counter)."""
+    finished: int = 0
     batch_time: dict[int, float] = field(default_factory=dict)
     """Per replica id: the integral of its decode batch over the window."""
 
@@ -71,6 +72,7 @@ class _WindowTotals:
         self.drafts += progress.drafts
         self.draft_tokens += progress.draft_tokens
         self.accepted += progress.accepted
+        self.finished += len(progress.finished)
         counts = progress.accepted_per_position
         self.accepted_per_position.extend([0] * (len(counts) - len(self.accepted_per_position)))
         for position, count in enumerate(counts):
@@ -276,4 +278,5 @@ class EmulatedDeployment:
             prompt_tokens_per_s=(
                 w.prefill_tokens / window_s if w.prefill_tokens and window_s > 0 else None
             ),
+            requests_per_s=w.finished / window_s if w.finished and window_s > 0 else None,
         )

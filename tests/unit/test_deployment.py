@@ -53,6 +53,10 @@ def test_observe_serves_a_window_and_reports_it_as_a_scrape_would() -> None:
     assert obs.acceptance_length is None  # no speculation, no drafts
     finished = [r for r in d.records() if r.finished_s is not None]
     assert len(finished) >= 200  # 4 req/s for a minute, short requests
+    # summed over replicas, as a scrape of both would; the mean prompt is the requests' 128
+    assert obs.requests_per_s == pytest.approx(len(finished) / 60.0, rel=0.02)
+    assert obs.prompt_tokens_per_s is not None
+    assert obs.prompt_tokens_per_s / obs.requests_per_s == pytest.approx(128, rel=0.05)
 
 
 def test_the_balancer_spreads_arrivals_over_ready_replicas() -> None:

@@ -97,7 +97,8 @@ def test_vllm_window_matches_hand_computation() -> None:
     assert obs.tpot_p50_s == pytest.approx(0.025)
     assert obs.tpot_p95_s is not None and 0.1 < obs.tpot_p95_s <= 0.25
     assert obs.ttft_p95_s is not None and 0.1 < obs.ttft_p95_s <= 0.5
-    assert obs.unknown == () and obs.engines == 1 and obs.counter_resets == 0
+    # this fake finishes no request (no per-request histogram): the mean prompt stays unknown
+    assert obs.unknown == ("requests_per_s",) and obs.engines == 1 and obs.counter_resets == 0
 
 
 def test_counter_reset_counts_from_zero() -> None:
@@ -195,3 +196,27 @@ def test_histogram_quantile_edges() -> None:
     assert histogram_quantile(0.5, {1.0: 4.0}) is None  # no +Inf bucket: not a histogram
     assert histogram_quantile(0.99, {1.0: 1.0, math.inf: 10.0}) == 1.0  # lands in +Inf bucket
     assert histogram_quantile(0.5, {1.0: 10.0, 2.0: 10.0, math.inf: 10.0}) == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize(("engine", "key"), [("vllm", "inference_s"), ("sglang", "e2e_s")])
+def test_finished_requests_are_read_from_a_per_request_histograms_count(
+    engine: str, key: str
+) -> None:
+    """Each engine's histogram that counts a request as it finishes gives the request rate,
+    summed over pods like the token rates: with the prompt rate, the mean prompt."""
+    pods = [
+        WindowStats(
+            pod=f"pod-{i}",
+            window_s=10.0,
+            counters={"prompt_tokens": 3000.0 * (i + 1), "generation_tokens": 500.0},
+            histogram_counts={key: 3.0 * (i + 1)},
+            histogram_sums={key: 1.0},
+        )
+        for i in range(2)
+    ]
+    obs = observe(engine, pods)
+    assert obs.requests_per_s == pytest.approx(0.3 + 0.6)
+    assert obs.prompt_tokens_per_s is not None
+    assert obs.prompt_tokens_per_s / obs.requests_per_s == pytest.approx(1000.0)
+    idle = observe(engine, [WindowStats(pod="pod-0", window_s=10.0, counters={})])
+    assert idle.requests_per_s is None

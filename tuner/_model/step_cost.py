@@ -17,6 +17,15 @@ rising to +21.6% at 189 for a schedule that drafts nothing, against a plain serv
 emulator applies that measured overhead, interpolated in log batch size, to every
 speculative step (an assumption for configs without a schedule, where it was not measured).
 
+Prefill comes in lumps: a chunked-prefill engine puts a whole prompt (up to its token budget)
+into one step, so a few steps carry a prompt and the rest decode alone. A step's time is convex
+in its tokens (memory-bound decode, compute-bound prefill), so the mean over steps is more than
+the time of a step carrying the mean prefill (Jensen), and more so for a small decode step (no
+speculation) than for a wide verify step. `serving_step_time` with the traffic's mean prompt
+takes that expectation over a Poisson count of prompts per step; without it, the mean prefill
+rides in every step. That gap is why a correction learned on no speculation overstated how
+slow speculation would be (bench/results/lumpy_prefill.md).
+
 `spec_path_scale` and `draft_cost_scale` (default 1: the published numbers above, which is what
 the tuner uses) scale the spec-path overhead fractions and the drafting time; the emulator's
 hidden worlds (`specpilot.runtime.emulator.world`) set them to make a truth the tuner is not told.
@@ -25,6 +34,7 @@ hidden worlds (`specpilot.runtime.emulator.world`) set them to make a truth the 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from specpilot.tuner._model.hardware import Gpu, ModelProfile, StepTimeModel, get_gpu, get_profile
@@ -35,6 +45,13 @@ DFLASH_LAYERS = 5
 # 373 tok/s (bench/calibration.py); small next to a head's weight-streaming time.
 DRAFT_PASS_OVERHEAD_S = 20e-6
 SPEC_PATH_OVERHEAD_POINTS = ((2, 0.066), (189, 0.216))
+PREFILL_CHUNK_TOKENS = 2048
+"""The most prompt tokens one step prefills: vLLM 0.32's smallest GPU default
+max-num-batched-tokens for its API server (GPUs under 70 GiB and A100; 8192 on H100 and H200,
+16384 from 160 GiB). The smallest, so that a long prompt is never assumed lumpier than it is."""
+LUMPY_PROMPTS_PER_STEP = 16.0
+"""Above this many prompts per step the steps are alike: the mean prefill in each is exact enough
+(the Poisson count's spread is a quarter of its mean), and the expectation is skipped."""
 
 
 def spec_path_overhead(batch: int) -> float:
@@ -121,21 +138,35 @@ class StepCost:
         tokens_per_request: float,
         prefill_per_output_token: float,
         kv_tokens: int,
+        prompt_tokens: float | None = None,
     ) -> float:
         """One step in steady serving, where prompts arrive in proportion to the output.
 
         Each step emits `decode_batch x tokens_per_request` tokens; in steady state the engine
         prefills `prefill_per_output_token` prompt tokens for each of them (chunked prefill
         rides in the same step), so a config that emits more per step also prefills more.
+        `prompt_tokens`, the traffic's mean prompt, makes that prefill come in chunks of a
+        prompt each (at most PREFILL_CHUNK_TOKENS), a Poisson count of them per step: the mean
+        step time over steps that carry none, one or several (see the module's note).
         """
         prefill = prefill_per_output_token * decode_batch * tokens_per_request
-        return self.step_time(
-            method=method,
-            decode_batch=decode_batch,
-            k=k,
-            prefill_tokens=round(prefill),
-            kv_tokens=kv_tokens,
-        )
+
+        def step(prefill_tokens: float) -> float:
+            return self.step_time(
+                method=method,
+                decode_batch=decode_batch,
+                k=k,
+                prefill_tokens=round(prefill_tokens),
+                kv_tokens=kv_tokens,
+            )
+
+        if not prompt_tokens or prompt_tokens <= 0 or prefill <= 0:
+            return step(prefill)
+        chunk = min(prompt_tokens, PREFILL_CHUNK_TOKENS)
+        chunks_per_step = prefill / chunk
+        if chunks_per_step > LUMPY_PROMPTS_PER_STEP:
+            return step(prefill)
+        return _poisson_mean(chunks_per_step, lambda count: step(count * chunk))
 
     def step_time(
         self, *, method: str, decode_batch: int, k: int, prefill_tokens: int, kv_tokens: int
@@ -148,3 +179,15 @@ class StepCost:
             return verify
         verify *= 1.0 + spec_path_overhead(decode_batch) * self.spec_path_scale
         return verify + self.draft_time(method, k, decode_batch, kv_tokens)
+
+
+def _poisson_mean(mean: float, value: Callable[[int], float]) -> float:
+    """E[value(N)] for N ~ Poisson(mean), over the counts holding all but a negligible tail
+    (beyond mean + 6 sd + 6), renormalised to the mass summed."""
+    probability, total, mass, count = math.exp(-mean), 0.0, 0.0, 0
+    while count <= mean + 6.0 * math.sqrt(mean) + 6.0:
+        total += probability * value(count)
+        mass += probability
+        count += 1
+        probability *= mean / count
+    return total / mass

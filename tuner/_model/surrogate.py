@@ -15,7 +15,7 @@ The acceptance estimate's own uncertainty (`acceptance_sd`, per method) adds to 
 that has never run is uncertain even where the GP has data at that load.
 Prefill is in the prior: each step also prefills the prompt tokens that arrive per output
 token (`prefill_ratio`, measured), which is what makes verification compute-bound early under
-prompt-heavy traffic.
+prompt-heavy traffic; with the mean prompt measured (`prompt_tokens`), in lumps of a prompt.
 """
 
 from __future__ import annotations
@@ -73,14 +73,17 @@ class Surrogate:
         *,
         residuals: tuple[ResidualPoint, ...] = (),
         prefill_ratio: float = 0.0,
+        prompt_tokens: float = 0.0,
         acceptance_sd: Mapping[str, float] | None = None,
         residual_gp: bool = True,
     ) -> None:
-        """`residual_gp` False keeps the shared offset alone (an ablation of the GP)."""
+        """`residual_gp` False keeps the shared offset alone (an ablation of the GP);
+        `prompt_tokens` (the traffic's mean prompt; 0: unknown) makes the prefill lumpy."""
         self.cost = cost
         self.acceptance = acceptance
         self.acceptance_sd = acceptance_sd or {}
         self.prefill_ratio = prefill_ratio
+        self.prompt_tokens = prompt_tokens
         self.residual_fit: ResidualFit | None = fit_residuals(residuals) if residual_gp else None
         """The fitted correction (None: nothing measured yet, or the GP ablated); cached by its
         data."""
@@ -100,6 +103,7 @@ class Surrogate:
             tokens_per_request=length,
             prefill_per_output_token=self.prefill_ratio,
             kv_tokens=round(batch_n * context_tokens),
+            prompt_tokens=self.prompt_tokens,
         )
         tokens_per_step = batch_n * (k + 1)
         return Prediction(

@@ -71,9 +71,9 @@ def learn(
     ).learn_traffic(observation, settings.kv_capacity_tokens)
     context = state.context_tokens or settings.context_tokens
     acceptance = state.acceptance_curves() if posterior else average_curves(state)
-    prior = Surrogate(cost, acceptance, prefill_ratio=state.prefill_ratio).prior(
-        current, batch, context
-    )
+    prior = Surrogate(
+        cost, acceptance, prefill_ratio=state.prefill_ratio, prompt_tokens=state.prompt_tokens
+    ).prior(current, batch, context)
     if not state.restarts or now - state.since_s > 1.5 * observation.window_s:
         # A window that saw a switch also saw the restart's downtime and refill: it says
         # nothing about how fast the new config runs. The config a deployment started with
@@ -84,6 +84,7 @@ def learn(
         acceptance,
         residuals=state.residuals,
         prefill_ratio=state.prefill_ratio,
+        prompt_tokens=state.prompt_tokens,
         acceptance_sd=state.acceptance_sd() if posterior else average_sd(state),
         residual_gp=settings.residual_model == "gp",
     )
