@@ -18,6 +18,7 @@ from specpilot.tuner import (
     TunerState,
     decide,
 )
+from specpilot.tuner._model.residual_gp import ResidualPoint
 from specpilot.tuner.policy.latency import (
     batch_limit,
     latency_score,
@@ -32,7 +33,9 @@ from specpilot.tuner.policy.latency_proposal import (
     behind,
     demand_ahead,
     offered_demand,
+    propose_for_latency,
 )
+from specpilot.tuner.policy.learn import Belief
 
 COST = StepCost.for_hardware("H100", "llama-3.1-8b")
 PRIORS = {"eagle3": AcceptanceCurve(0.775, 0.973)}
@@ -223,3 +226,28 @@ def test_throughput_keeps_todays_behaviour() -> None:
     decision = run("throughput", NO_SPEC, [4.0])
     assert decision.config.method == "eagle3"
     assert "tok/s predicted" in decision.reason
+
+
+def test_a_move_for_capacity_trusts_what_a_config_measured_and_doubts_the_prior() -> None:
+    """Overloaded on EAGLE-3 at max-num-seqs, with no speculation predicted about 5% more
+    capacity, less than its one-sd spread: a config that ran (a measured correction) is priced
+    at that capacity and taken; one that never ran is priced one sd down, and is not."""
+    residuals = (ResidualPoint(EAGLE, 8, 0.0, 8.0), ResidualPoint(NO_SPEC, 6, -0.25, 8.0))
+    surrogate = Surrogate(COST, PRIORS, residuals=residuals, prefill_ratio=PREFILL_RATIO)
+    running, other = surrogate.predict_many([EAGLE, NO_SPEC], 256.0, CONTEXT)
+    assert 1.0 < other.tokens_per_s / running.tokens_per_s < math.exp(other.uncertainty)
+    chosen = replace(settings(), synthesize_schedules=False)
+    ran = replace(TunerState.initial(EAGLE, 0.0, PRIORS), residuals=residuals)
+    belief = Belief(
+        state=ran,
+        batch=256.0,
+        throughput=running.tokens_per_s,
+        context=CONTEXT,
+        acceptance=PRIORS,
+        surrogate=surrogate,
+    )
+    _, proposal = propose_for_latency(belief, CANDIDATES, chosen, waiting=100.0)
+    assert proposal is not None and proposal.config == NO_SPEC and proposal.for_capacity
+    never_ran = replace(ran, residuals=residuals[:1])
+    _, doubted = propose_for_latency(replace(belief, state=never_ran), CANDIDATES, chosen, 100.0)
+    assert doubted is None

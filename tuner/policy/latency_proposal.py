@@ -99,6 +99,9 @@ def propose_for_latency(
         # helps, and a move to less would build the queue it is draining
         peak = max(peak, BEYOND_SATURATION * demand)
     unit = overload_unit(list(curves.values()))
+    # A move for capacity alone must be sure of it where the capacity is the physics prior's
+    # guess; a config that ran here has a measured correction instead.
+    ran = {r.config for r in state.residuals}
     # Hysteresis on capacity: a config is entered only with the margin to spare, and left only
     # once the load ahead overloads it; else a load near the margin flips it every dwell.
     scores = {
@@ -109,7 +112,7 @@ def propose_for_latency(
             peak,
             0.0 if c == current else settings.capacity_margin,
             unit,
-            cautious=c != current,
+            cautious=c != current and c not in ran,
         )
         for c, curve in curves.items()
     }
