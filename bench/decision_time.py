@@ -2,7 +2,9 @@
 
 Run: .venv/bin/python bench/decision_time.py
 The observations come from the tuner's own physics at loads cycling from batch 1 to 300, so
-the residual store fills up as it would over a long run.
+the residual store fills up as it would over a long run, with the Azure conversation trace's
+traffic shape (PROMPT_RATIO prompt tokens per output token, OUTPUT_TOKENS per request), so the
+step times take the expectation over lumpy prefill (`StepCost.serving_step_time`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ if BENCH not in sys.path:  # imported by path (the tests): the shared harness li
 from real_engine import git_commit  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
+PROMPT_RATIO, OUTPUT_TOKENS = 5.47, 211
+"""bench/traces/azure_conv_2023.csv: mean ContextTokens 1154.7 over mean GeneratedTokens 211.1."""
 
 
 def main() -> None:
@@ -87,6 +91,8 @@ def _observation(state: TunerState, cost: StepCost, batch: float) -> Observation
         waiting_requests=0.0,
         kv_cache_usage=None,
         generation_tokens_per_s=prediction.tokens_per_s * 0.9,
+        prompt_tokens_per_s=prediction.tokens_per_s * 0.9 * PROMPT_RATIO,
+        requests_per_s=prediction.tokens_per_s * 0.9 / OUTPUT_TOKENS,
         tpot_p50_s=None,
         tpot_p95_s=None,
         ttft_p95_s=None,
