@@ -1,11 +1,13 @@
 """Tuner decision time over 1,000 observations; writes bench/results/decision_time.json.
 
-Run: .venv/bin/python bench/decision_time.py
+(decision_time_lumpy.json with `--lumpy-prefill`.)
+
+Run: .venv/bin/python bench/decision_time.py [--lumpy-prefill]
 The observations come from the tuner's own physics at loads cycling from batch 1 to 300, so
 the residual store fills up as it would over a long run, with the Azure conversation trace's
-traffic shape (PROMPT_RATIO prompt tokens per output token, OUTPUT_TOKENS per request), so the
-step times take the expectation over lumpy prefill (`StepCost.serving_step_time`).
-"""
+traffic shape (PROMPT_RATIO prompt tokens per output token, OUTPUT_TOKENS per request): the
+tuner learns the mean prompt, and with `lumpy_prefill` (off by default, `--lumpy-prefill` here)
+its step times take the expectation over lumpy prefill (`StepCost.serving_step_time`)."""
 
 from __future__ import annotations
 
@@ -49,7 +51,10 @@ def main() -> None:
         SpecConfig(method="ngram", num_speculative_tokens=3),
     )
     priors = {m: acceptance_curve(m, "chat") for m in ("eagle3", "ngram")}
-    settings = TunerSettings(candidates=space, min_dwell_s=0, restart_budget_per_hour=10_000)
+    lumpy = "--lumpy-prefill" in sys.argv[1:]
+    settings = TunerSettings(
+        candidates=space, min_dwell_s=0, restart_budget_per_hour=10_000, lumpy_prefill=lumpy
+    )
     state = TunerState.initial(SpecConfig(), 0.0, priors)
     decide(_observation(state, cost, 1.0), state, settings, cost, 0.0)  # imports, warm-up
     timings = []
@@ -62,7 +67,8 @@ def main() -> None:
         timings.append(time.perf_counter() - started)
     report = {
         "commit": git_commit(),
-        "command": ".venv/bin/python bench/decision_time.py",
+        "command": ".venv/bin/python bench/decision_time.py"
+        + (" --lumpy-prefill" if lumpy else ""),
         "seeds": "none drawn: the observations are the tuner's own physics at batches "
         "1 + (37 x tick) mod 300",
         "load_average_1m_before_after": [load_before, round(os.getloadavg()[0], 2)],
@@ -74,7 +80,8 @@ def main() -> None:
         "residual_summaries": len(state.residuals),
     }
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "decision_time.json").write_text(json.dumps(report, indent=2) + "\n")
+    name = "decision_time_lumpy.json" if lumpy else "decision_time.json"
+    (RESULTS / name).write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))
 
 

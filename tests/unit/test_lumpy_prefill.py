@@ -9,8 +9,9 @@ import math
 
 import pytest
 
-from specpilot.tuner import Observation, SpecConfig, StepCost, TunerState
+from specpilot.tuner import Observation, SpecConfig, StepCost, TunerSettings, TunerState
 from specpilot.tuner._model.step_cost import LUMPY_PROMPTS_PER_STEP, PREFILL_CHUNK_TOKENS
+from specpilot.tuner.policy.learn import Belief, learn
 from specpilot.tuner.priors import prior_curves
 
 COST = StepCost.for_hardware("H100", "llama-3.1-8b")
@@ -105,3 +106,17 @@ def test_the_state_learns_the_mean_prompt_and_keeps_it_across_a_restart() -> Non
     older = json.loads(state.to_json())
     del older["prompt_tokens"]  # a state persisted before the estimate existed
     assert TunerState.from_json(json.dumps(older)).prompt_tokens == 0.0
+
+
+def test_the_tuner_prices_lumps_only_when_its_settings_say_so() -> None:
+    """Off by default (TunerSettings.lumpy_prefill says why); the mean prompt is learned
+    either way."""
+    state = TunerState.initial(SpecConfig(), 0.0, prior_curves((SpecConfig(),)))
+    beliefs = {}
+    for lumpy in (False, True):
+        settings = TunerSettings(candidates=(SpecConfig(),), lumpy_prefill=lumpy)
+        belief = learn(window(2000.0, 2.0), state, settings, COST, 60.0)
+        assert isinstance(belief, Belief)
+        assert belief.state.prompt_tokens == pytest.approx(1000.0)
+        beliefs[lumpy] = belief.surrogate.prompt_tokens
+    assert beliefs == {False: 0.0, True: pytest.approx(1000.0)}

@@ -70,9 +70,10 @@ def learn(
         else average_acceptance(state, current, observation)
     ).learn_traffic(observation, settings.kv_capacity_tokens)
     context = state.context_tokens or settings.context_tokens
+    prompt = state.prompt_tokens if settings.lumpy_prefill else 0.0
     acceptance = state.acceptance_curves() if posterior else average_curves(state)
     prior = Surrogate(
-        cost, acceptance, prefill_ratio=state.prefill_ratio, prompt_tokens=state.prompt_tokens
+        cost, acceptance, prefill_ratio=state.prefill_ratio, prompt_tokens=prompt
     ).prior(current, batch, context)
     if not state.restarts or now - state.since_s > 1.5 * observation.window_s:
         # A window that saw a switch also saw the restart's downtime and refill: it says
@@ -84,7 +85,7 @@ def learn(
         acceptance,
         residuals=state.residuals,
         prefill_ratio=state.prefill_ratio,
-        prompt_tokens=state.prompt_tokens,
+        prompt_tokens=prompt,
         acceptance_sd=state.acceptance_sd() if posterior else average_sd(state),
         residual_gp=settings.residual_model == "gp",
     )

@@ -7,7 +7,8 @@ per-batch table; `sglang-adaptive`: SGLang's default adaptive buckets starting a
 `tuned-schedule`. `SPECPILOT` and `HINDSIGHT` name the two policies that are not fixed configs:
 the tuner through the control loop, and the hindsight reference (the best static config per
 window, switched for free), which is computed from the statics' runs, not run itself.
-`ABLATIONS` name SpecPilot with one component removed (`bench/ablations.py` runs them).
+`ABLATIONS` name SpecPilot with one component removed, or one added that is off by default
+(`bench/ablations.py` runs them).
 
 `tuned_schedule(cost, method)` tunes a per-batch-size K table offline the way vLLM's
 `benchmarks/sweep/tune_speculative_k.py` does: for each batch size of a grid, run every K
@@ -34,8 +35,10 @@ ABLATIONS: dict[str, dict[str, object]] = {
     "specpilot:moving-average": {"acceptance_model": "moving-average"},
     "specpilot:no-exploration": {"exploration": 0.0},
     "specpilot:no-schedules": {"synthesize_schedules": False},
+    "specpilot:lumpy-prefill": {"lumpy_prefill": True},
 }
-"""SpecPilot with one component removed, by name: the TunerSettings each one overrides."""
+"""SpecPilot with one component removed (or, for lumpy-prefill, one added that is off by
+default), by name: the TunerSettings each one overrides."""
 HINDSIGHT = "hindsight"
 NO_SPEC = "no-spec"
 VLLM_EAGLE3_TABLE = SpecConfig(
