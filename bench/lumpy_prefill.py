@@ -43,8 +43,8 @@ GPU, PROFILE, TASK = "H100", "llama-3.1-8b", "chat"
 TRACE = REPO / "bench/traces/azure_conv_2023.csv"
 RATE_RPS = 15.2
 """Requests/s: 0.7 of no speculation's capacity on this trace in the nominal world (21.69 req/s,
-bench/results/yardstick-poisson-vllm.md), the load where SpecPilot stayed off in 7 of 10
-worlds."""
+bench/results/yardstick-azure-vllm-surge.md), the load where SpecPilot stayed off in 7 of 10
+worlds in the Poisson sweep at e68625c."""
 CONTEXT_TOKENS = 1260.0
 """KV tokens per running request the predictions assume: the trace's mean prompt (1155) and half
 its mean output (211), what a request holds halfway through its decode."""
