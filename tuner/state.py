@@ -5,7 +5,8 @@ since when, recent restart times (the last hour's), per method the published pri
 from and the engine's discounted acceptance counts per draft position (with the task weights
 they were measured under: `_model/acceptance_posterior.py`), the traffic's task weights as a
 Dirichlet (`_model/task_mix.py`), the traffic's prompt/output token ratio and context per
-request, the last few windows' batch (the load's trend) and per-(config, batch bucket)
+request, the last few windows' batch (the load's trend), the demand each speculative method
+was left at for capacity, and per-(config, batch bucket)
 residual summaries (log of measured over prior throughput, recent windows weighted most), at
 most MAX_RESIDUALS of them (the least-supported are dropped first), so its JSON stays small
 whatever the history length.
@@ -91,6 +92,12 @@ class TunerState:
     """Mean KV tokens per running request, a moving estimate (0 until the engine reports)."""
     recent_batches: tuple[float, ...] = ()
     """The last RECENT_WINDOWS windows' mean batch, oldest first: the load's trend."""
+    capacity_exits: tuple[tuple[str, float], ...] = ()
+    """(method, output tokens/s) per speculative method the tuner left for capacity: the
+    demand it was offered when it left, raised to the most it has served since. The policy
+    holds a method's capacity at most at this until it serves more
+    (`policy.latency_proposal`): the physics prior's capacity at a batch the method never ran
+    at is a guess, and the exit is what was seen."""
 
     @classmethod
     def initial(
@@ -225,6 +232,25 @@ class TunerState:
             state = replace(state, context_tokens=_blend(state.context_tokens, context))
         return state
 
+    def left_for_capacity(self, method: str, demand: float) -> TunerState:
+        """The tuner leaves `method` because its capacity falls short of the load ahead, at
+        `demand` output tokens/s offered (the latest exit replaces an older one)."""
+        if not (demand > 0 and math.isfinite(demand)):
+            return self
+        exits = dict(self.capacity_exits)
+        exits[method] = demand
+        return replace(self, capacity_exits=tuple(sorted(exits.items())))
+
+    def served(self, config: SpecConfig, throughput: float) -> TunerState:
+        """A window in which `config` served `throughput` output tokens/s: a method left for
+        capacity has at least what it serves."""
+        exits = dict(self.capacity_exits)
+        ceiling = exits.get(config.method)
+        if ceiling is None or not config.speculative or not throughput > ceiling:
+            return self
+        exits[config.method] = throughput
+        return replace(self, capacity_exits=tuple(sorted(exits.items())))
+
     def remember_batch(self, batch: float) -> TunerState:
         return replace(self, recent_batches=(*self.recent_batches, batch)[-RECENT_WINDOWS:])
 
@@ -271,6 +297,7 @@ class TunerState:
             "prompt_tokens": round(self.prompt_tokens, 1),
             "context_tokens": round(self.context_tokens, 1),
             "recent_batches": [round(b, 2) for b in self.recent_batches],
+            "capacity_exits": [[m, round(d, 1)] for m, d in self.capacity_exits],
             "residuals": [
                 [r.config.to_dict(), r.log2_batch, r.mean, r.weight] for r in self.residuals
             ],
@@ -299,6 +326,7 @@ class TunerState:
             prompt_tokens=float(body.get("prompt_tokens", 0.0)),
             context_tokens=float(body.get("context_tokens", 0.0)),
             recent_batches=tuple(float(b) for b in body.get("recent_batches", [])),
+            capacity_exits=tuple((str(m), float(d)) for m, d in body.get("capacity_exits", [])),
             residuals=tuple(
                 ResidualPoint(SpecConfig.from_dict(c), int(b), float(m), float(w))
                 for c, b, m, w in body["residuals"]

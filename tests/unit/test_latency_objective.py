@@ -3,6 +3,7 @@ a config whose capacity is below the forecast arrival rate never chosen at peak.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 
@@ -251,3 +252,64 @@ def test_a_move_for_capacity_trusts_what_a_config_measured_and_doubts_the_prior(
     never_ran = replace(ran, residuals=residuals[:1])
     _, doubted = propose_for_latency(replace(belief, state=never_ran), CANDIDATES, chosen, 100.0)
     assert doubted is None
+
+
+def _belief_at(state: TunerState, batch: float) -> tuple[Belief, float]:
+    """No speculation serving exactly its prior at `batch`, and the demand that is."""
+    surrogate = Surrogate(COST, PRIORS, prefill_ratio=PREFILL_RATIO)
+    demand = surrogate.predict(NO_SPEC, batch, CONTEXT).tokens_per_s
+    belief = Belief(
+        state=state,
+        batch=batch,
+        throughput=demand,
+        context=CONTEXT,
+        acceptance=PRIORS,
+        surrogate=surrogate,
+    )
+    return belief, demand
+
+
+def test_leaving_a_method_for_capacity_records_the_demand_it_was_offered() -> None:
+    batch, waiting = float(settings().max_batch), 400.0
+    windows = [batch] * 9
+    chosen = settings("latency", windows=len(windows), restart_s=5.0)
+    state = replace(TunerState.initial(EAGLE, 0.0, PRIORS), restarts=(0.0,))
+    decision = None
+    for i, b in enumerate(windows):
+        queued = waiting if i == len(windows) - 1 else 0.0
+        decision, state = decide(window(EAGLE, b, queued), state, chosen, COST, 60.0 * (i + 1))
+    assert decision is not None and decision.action == "off", decision
+    served = window(EAGLE, batch).generation_tokens_per_s
+    assert served is not None
+    ((method, demand),) = state.capacity_exits
+    assert method == "eagle3"
+    assert demand == pytest.approx(offered_demand(served, batch, waiting), rel=1e-6)
+    ((read_method, read_demand),) = TunerState.from_json(state.to_json()).capacity_exits
+    assert (read_method, read_demand) == (method, pytest.approx(demand, abs=0.1))
+    # a state written before the field existed reads as no exits
+    old = json.loads(state.to_json())
+    del old["capacity_exits"]
+    assert TunerState.from_json(json.dumps(old)).capacity_exits == ()
+
+
+def test_a_method_left_for_capacity_is_held_to_that_demand_until_it_serves_more() -> None:
+    chosen = replace(settings(), synthesize_schedules=False)
+    fresh = TunerState.initial(NO_SPEC, 0.0, PRIORS)
+    belief, demand = _belief_at(fresh, 32.0)
+    _, free = propose_for_latency(belief, CANDIDATES, chosen, waiting=0.0)
+    assert free is not None and free.config == EAGLE  # the prior says it keeps up
+    left = fresh.left_for_capacity("eagle3", demand)
+    _, held = propose_for_latency(replace(belief, state=left), CANDIDATES, chosen, waiting=0.0)
+    assert held is None or held.config != EAGLE
+    # well below the demand it was left at (the capacity margin to spare): it may return
+    lower, low_demand = _belief_at(left, 8.0)
+    assert low_demand * (1 + chosen.capacity_margin) < demand
+    _, back = propose_for_latency(lower, CANDIDATES, chosen, waiting=0.0)
+    assert back is not None and back.config == EAGLE
+    # serving more than the demand it was left at lifts the ceiling; other configs do not
+    assert left.served(NO_SPEC, 3 * demand) == left
+    assert left.served(EAGLE, 0.5 * demand) == left
+    lifted = left.served(EAGLE, 2 * demand)
+    assert lifted.capacity_exits == (("eagle3", 2 * demand),)
+    _, again = propose_for_latency(replace(belief, state=lifted), CANDIDATES, chosen, 0.0)
+    assert again is not None and again.config == EAGLE

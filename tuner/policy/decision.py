@@ -3,7 +3,8 @@
 Contract: `decide(observation, state, settings, cost, now)` returns a `Decision` and the next
 `TunerState`; pure, `now` is the only clock. It holds (regime "unknown") when `learn` says the
 window lacks what it needs, stays when `propose` finds nothing better or `gate` says not now,
-and otherwise switches (or turns speculation off), restarting the dwell and spending a restart.
+and otherwise switches (or turns speculation off), restarting the dwell and spending a restart;
+leaving a speculative method for capacity, it records the demand it left at.
 """
 
 from __future__ import annotations
@@ -71,6 +72,12 @@ def decide(
     )
     speed_gain = proposal.gain if proposal.speed_gain is None else proposal.speed_gain
     restarts = (*recent_restarts(state, now), now)
+    if (
+        proposal.for_capacity
+        and proposal.offered is not None
+        and (current.speculative and target.method != current.method)
+    ):
+        state = state.left_for_capacity(current.method, proposal.offered)
     return Decision(
         action="switch" if target.speculative else "off",
         config=target,

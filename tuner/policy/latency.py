@@ -119,17 +119,19 @@ def latency_score(
     margin: float,
     unit_s: float,
     cautious: bool = False,
+    ceiling: float | None = None,
 ) -> LatencyScore:
     """`config`'s steady per-token latency at `demand`; overloaded when its capacity is below
     peak_demand x (1 + margin), and then priced at `unit_s` x OVERLOAD_PENALTY x (1 +
     QUEUE_GROWTH x the shortfall) (see `overload_unit`). `cautious` prices an overload at the
     capacity one sd down: a move made for capacity alone must be sure of it (a config that
-    never ran at a large batch may have less than the physics prior says)."""
+    never ran at a large batch may have less than the physics prior says). `ceiling` caps the
+    capacity at what was seen (a demand the config was left at for capacity)."""
     top_batch, top = max(curve, key=lambda point: point[1].tokens_per_s)
     # The mean, not a pessimistic bound: far from any measured batch the surrogate's spread
     # is wide, and a bound would keep speculation off wherever the load is not tiny; the
     # margin and the hysteresis carry the caution.
-    capacity = top.tokens_per_s
+    capacity = top.tokens_per_s if ceiling is None else min(top.tokens_per_s, ceiling)
     peak = max(demand, peak_demand)
     if capacity < peak * (1.0 + margin):
         # priced without the margin: among configs that all fall short, capacity alone ranks

@@ -1,15 +1,16 @@
 """Learn: fold one window's measurements into the tuner state.
 
-Contract: `learn(observation, state, settings, cost, now)` returns a `Belief` (the next state and
-the surrogate the rest of the tick predicts with) or, when the window lacks the load or the
-throughput it needs, the reason to hold: the tuner never guesses. It folds the running
-method's acceptance counters into the acceptance posterior (which also moves the task weights,
-and through them the methods not running: `TunerState.learn_acceptance`), blends the traffic's
-prompt/output ratio and context per request, and remembers the window's batch (the load's
-trend); it also learns the residual of measured over prior throughput, once the running config
-has served more than a window and a half since the tuner's last switch (a window that saw the
-switch also saw the restart's downtime and refill) or from the first window when the tuner has
-not switched yet. Pure: `now` is the only clock.
+Contract: `learn(observation, state, settings, cost, now)` returns a `Belief` (the next state
+and the surrogate the rest of the tick predicts with) or, when the window lacks the load or the
+throughput it needs, the reason to hold: the tuner never guesses. It folds the running method's
+acceptance counters into the acceptance posterior (which also moves the task weights, and
+through them the methods not running: `TunerState.learn_acceptance`), blends the traffic's
+prompt/output ratio and context per request, raises a method's capacity ceiling to what it
+serves (`TunerState.served`), and remembers the window's batch (the load's trend); it also
+learns the residual of measured over prior throughput, once the running config has served more
+than a window and a half since the tuner's last switch (a window that saw the switch also saw
+the restart's downtime and refill) or from the first window when the tuner has not switched
+yet. Pure: `now` is the only clock.
 """
 
 from __future__ import annotations
@@ -65,10 +66,14 @@ def learn(
 
     posterior = settings.acceptance_model == "posterior"
     state = (
-        state.learn_acceptance(current, observation, now)
-        if posterior
-        else average_acceptance(state, current, observation)
-    ).learn_traffic(observation, settings.kv_capacity_tokens)
+        (
+            state.learn_acceptance(current, observation, now)
+            if posterior
+            else average_acceptance(state, current, observation)
+        )
+        .learn_traffic(observation, settings.kv_capacity_tokens)
+        .served(current, throughput)
+    )
     context = state.context_tokens or settings.context_tokens
     prompt = state.prompt_tokens if settings.lumpy_prefill else 0.0
     acceptance = state.acceptance_curves() if posterior else average_curves(state)

@@ -45,6 +45,9 @@ class Proposal:
     headroom: float | None = None
     """The config's capacity one sd down over the demand ahead (None: the objective does not
     price capacity): how far the load could rise before the move would need undoing."""
+    offered: float | None = None
+    """The output tokens/s the traffic offered (None: the objective does not read it): a move
+    for capacity records it against the method it leaves (`TunerState.left_for_capacity`)."""
 
 
 Trial = tuple[SpecConfig, Prediction, float, float]
