@@ -5,11 +5,10 @@ since when, recent restart times (the last hour's), per method the published pri
 from and the engine's discounted acceptance counts per draft position (with the task weights
 they were measured under: `_model/acceptance_posterior.py`), the traffic's task weights as a
 Dirichlet (`_model/task_mix.py`), the traffic's prompt/output token ratio and context per
-request, the last few windows' batch (the load's trend), the demand each speculative method
-was left at for capacity, and per-(config, batch bucket)
-residual summaries (log of measured over prior throughput, recent windows weighted most), at
-most MAX_RESIDUALS of them (the least-supported are dropped first), so its JSON stays small
-whatever the history length.
+request, the last few windows' batch (the load's trend), what each speculative method left
+for capacity served then, and per-(config, batch bucket) residual summaries (log of measured
+over prior throughput, recent windows weighted most), at most MAX_RESIDUALS of them (the
+least-supported are dropped first), so its JSON stays small whatever the history length.
 
 Acceptance is a posterior: `acceptance_curves()` and `acceptance_sd()` give each method's
 fitted chain (p, r) and the standard deviation of p, for every method, running or not. The
@@ -93,11 +92,11 @@ class TunerState:
     recent_batches: tuple[float, ...] = ()
     """The last RECENT_WINDOWS windows' mean batch, oldest first: the load's trend."""
     capacity_exits: tuple[tuple[str, float], ...] = ()
-    """(method, output tokens/s) per speculative method the tuner left for capacity: the
-    demand it was offered when it left, raised to the most it has served since. The policy
-    holds a method's capacity at most at this until it serves more
-    (`policy.latency_proposal`): the physics prior's capacity at a batch the method never ran
-    at is a guess, and the exit is what was seen."""
+    """(method, output tokens/s) per speculative method the tuner left for capacity: what it
+    served in the window it was left (its capacity under a queue; short of one, the load it
+    was left at), raised to the most it has served since. The policy holds the method's
+    capacity to this (`policy.latency_proposal`): the physics prior's capacity at a batch the
+    method never ran at is a guess, and the exit is what was seen."""
 
     @classmethod
     def initial(
@@ -232,13 +231,14 @@ class TunerState:
             state = replace(state, context_tokens=_blend(state.context_tokens, context))
         return state
 
-    def left_for_capacity(self, method: str, demand: float) -> TunerState:
-        """The tuner leaves `method` because its capacity falls short of the load ahead, at
-        `demand` output tokens/s offered (the latest exit replaces an older one)."""
-        if not (demand > 0 and math.isfinite(demand)):
+    def left_for_capacity(self, method: str, served: float) -> TunerState:
+        """The tuner leaves `method` because its capacity falls short of the load ahead, in a
+        window where it served `served` output tokens/s (the latest exit replaces an older
+        one)."""
+        if not (served > 0 and math.isfinite(served)):
             return self
         exits = dict(self.capacity_exits)
-        exits[method] = demand
+        exits[method] = served
         return replace(self, capacity_exits=tuple(sorted(exits.items())))
 
     def served(self, config: SpecConfig, throughput: float) -> TunerState:

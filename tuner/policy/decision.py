@@ -4,7 +4,7 @@ Contract: `decide(observation, state, settings, cost, now)` returns a `Decision`
 `TunerState`; pure, `now` is the only clock. It holds (regime "unknown") when `learn` says the
 window lacks what it needs, stays when `propose` finds nothing better or `gate` says not now,
 and otherwise switches (or turns speculation off), restarting the dwell and spending a restart;
-leaving a speculative method for capacity, it records the demand it left at.
+leaving a speculative method for capacity, it records what that method served.
 """
 
 from __future__ import annotations
@@ -72,12 +72,8 @@ def decide(
     )
     speed_gain = proposal.gain if proposal.speed_gain is None else proposal.speed_gain
     restarts = (*recent_restarts(state, now), now)
-    if (
-        proposal.for_capacity
-        and proposal.offered is not None
-        and (current.speculative and target.method != current.method)
-    ):
-        state = state.left_for_capacity(current.method, proposal.offered)
+    if proposal.for_capacity and current.speculative and target.method != current.method:
+        state = state.left_for_capacity(current.method, belief.throughput)
     return Decision(
         action="switch" if target.speculative else "off",
         config=target,

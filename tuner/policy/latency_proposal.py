@@ -5,8 +5,8 @@ Contract: `propose_for_latency(belief, space, settings, waiting)` reads the offe
 batch forecast read through the running config's curve; at max-num-seqs, beyond the running
 config's capacity; when the measured batch is far above the running config's steady batch,
 beyond what it serves: `behind`), and scores every config of the space with
-`latency.latency_score`, a method the tuner left for capacity held to the demand it left
-at (`TunerState.capacity_exits`). It
+`latency.latency_score`, a method the tuner left for capacity held to what it served then
+(`TunerState.capacity_exits`). It
 returns the running config's prediction and a `Proposal` in the objective's units (tokens/s
 served, scaled by the per-token latency gain; see `latency.rate`), or None. The proposal's
 `speed_gain` is the per-sequence speed gain at the window's batch, without the overload price:
@@ -103,9 +103,10 @@ def propose_for_latency(
     # A move for capacity alone must be sure of it where the capacity is the physics prior's
     # guess; a config that ran here has a measured correction instead.
     ran = {r.config for r in state.residuals}
-    # A method left for capacity is held to the demand it was left at until it serves more:
-    # its capacity at a batch it never ran at is the prior's guess, and re-entering at the
-    # same load on that guess is how the policy flapped near capacity.
+    # A method left for capacity is held to what it served then until it serves more: under a
+    # queue that is its capacity, and short of one it is the load it was left at; the prior's
+    # capacity at a batch the method never ran at is a guess, and re-entering on that guess at
+    # the same load is how the policy flapped near capacity.
     ceilings = dict(state.capacity_exits)
     # Hysteresis on capacity: a config is entered only with the margin to spare, and left only
     # once the load ahead overloads it; else a load near the margin flips it every dwell.
@@ -149,7 +150,6 @@ def propose_for_latency(
             for_capacity=running_score.overloaded,
             detail=detail,
             headroom=headroom(scores[best_config], peak),
-            offered=demand,
         )
     if trial is None:
         return running, None
@@ -160,6 +160,7 @@ def propose_for_latency(
         settings,
         speed_gain=now.tpot_s / at_batch[config].tpot_s - 1.0,
         detail=_detail(scores[config], running_score, demand, peak),
+        for_capacity=running_score.overloaded,
     )
 
 

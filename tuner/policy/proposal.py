@@ -36,8 +36,9 @@ class Proposal:
     """Per-sequence speed (1 / per-token latency) gain predicted at the offered load, where the
     objective's `gain` is something else (latency: it prices overload); None: `gain` is it."""
     for_capacity: bool = False
-    """Made because the running config cannot keep up with the load ahead: per-sequence speed
-    is not what it promises (under a queue the batch grows whatever the config)."""
+    """Made because the running config cannot keep up with the load ahead (a trial too, when
+    it leaves such a config): per-sequence speed is not what it promises (under a queue the
+    batch grows whatever the config)."""
     detail: str | None = None
     """What the objective compared, for the decision's reason (None: tokens/s at the batch)."""
     trial: bool = False
@@ -45,9 +46,6 @@ class Proposal:
     headroom: float | None = None
     """The config's capacity one sd down over the demand ahead (None: the objective does not
     price capacity): how far the load could rise before the move would need undoing."""
-    offered: float | None = None
-    """The output tokens/s the traffic offered (None: the objective does not read it): a move
-    for capacity records it against the method it leaves (`TunerState.left_for_capacity`)."""
 
 
 Trial = tuple[SpecConfig, Prediction, float, float]
@@ -131,6 +129,7 @@ def trial_proposal(
     *,
     speed_gain: float | None = None,
     detail: str | None = None,
+    for_capacity: bool = False,
 ) -> Proposal:
     """The proposal of a trial, in the gate's units (`running_rate`: the running config's)."""
     config, prediction, improvement, trial_failure = trial
@@ -147,4 +146,5 @@ def trial_proposal(
         ),
         speed_gain=speed_gain,
         detail=detail,
+        for_capacity=for_capacity,
     )
