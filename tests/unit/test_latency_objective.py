@@ -21,9 +21,12 @@ from specpilot.tuner import (
 )
 from specpilot.tuner._model.residual_gp import ResidualPoint
 from specpilot.tuner.policy.latency import (
+    OVERLOAD_PENALTY,
+    QUEUE_GROWTH,
     batch_limit,
     latency_score,
     load_curves,
+    overload_factor,
     overload_unit,
     throughput_at,
 )
@@ -315,3 +318,24 @@ def test_a_method_left_for_capacity_is_held_to_what_it_served_until_it_serves_mo
     assert lifted.capacity_exits == (("eagle3", 2 * demand),)
     _, again = propose_for_latency(replace(belief, state=lifted), CANDIDATES, chosen, 0.0)
     assert again is not None and again.config == EAGLE
+
+
+def test_a_config_short_only_of_its_capacity_margin_is_priced_as_overloaded() -> None:
+    """Capacity above the peak but below peak x (1 + margin): overloaded, priced below no
+    config that keeps up, and ranked by capacity among such configs."""
+    surrogate = Surrogate(COST, PRIORS, prefill_ratio=PREFILL_RATIO)
+    curves = load_curves(CANDIDATES, surrogate, CONTEXT, settings())
+    unit = overload_unit(curves)
+    eagle_capacity = max(p.tokens_per_s for _, p in curves[1])
+    margin = 0.2
+    scores = [
+        latency_score(EAGLE, curves[1], peak, peak, margin, unit)
+        for peak in (eagle_capacity / 1.15, eagle_capacity / 1.05, eagle_capacity * 1.05)
+    ]
+    assert all(s.overloaded for s in scores)
+    slowest_keeping_up = max(p.tpot_s for curve in curves for _, p in curve)
+    assert all(s.latency_s >= OVERLOAD_PENALTY * slowest_keeping_up * 0.8 for s in scores)
+    # the closer the peak comes to its capacity, the worse it is priced
+    assert scores[0].latency_s < scores[1].latency_s < scores[2].latency_s
+    assert overload_factor(1.0) == 1.0
+    assert overload_factor(1.1) == pytest.approx(1.0 + QUEUE_GROWTH * 0.1)

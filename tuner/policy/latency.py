@@ -123,10 +123,11 @@ def latency_score(
 ) -> LatencyScore:
     """`config`'s steady per-token latency at `demand`; overloaded when its capacity is below
     peak_demand x (1 + margin), and then priced at `unit_s` x OVERLOAD_PENALTY x (1 +
-    QUEUE_GROWTH x the shortfall) (see `overload_unit`). `cautious` prices an overload at the
-    capacity one sd down: a move made for capacity alone must be sure of it (a config that
-    never ran at a large batch may have less than the physics prior says). `ceiling` caps the
-    capacity at what was seen (a demand the config was left at for capacity)."""
+    QUEUE_GROWTH x the shortfall) (see `overload_unit`, `overload_factor`). `cautious` prices
+    an overload at the capacity one sd down: a move made for capacity alone must be sure of it
+    (a config that never ran at a large batch may have less than the physics prior says).
+    `ceiling` caps the capacity at what was seen (what the config served when it was left for
+    capacity)."""
     top_batch, top = max(curve, key=lambda point: point[1].tokens_per_s)
     # The mean, not a pessimistic bound: far from any measured batch the surrogate's spread
     # is wide, and a bound would keep speculation off wherever the load is not tiny; the
@@ -143,7 +144,7 @@ def latency_score(
             tpot_s=top.tpot_s,
             capacity=capacity,
             overloaded=True,
-            latency_s=unit_s * OVERLOAD_PENALTY * (1.0 + QUEUE_GROWTH * (overload - 1.0)),
+            latency_s=unit_s * OVERLOAD_PENALTY * overload_factor(overload),
             uncertainty=top.uncertainty,
         )
     batch, tpot, uncertainty = _steady(curve, demand)
@@ -156,6 +157,15 @@ def latency_score(
         latency_s=tpot,
         uncertainty=uncertainty,
     )
+
+
+def overload_factor(overload: float) -> float:
+    """The overload price's multiple at `overload` (peak demand over capacity): 1 +
+    QUEUE_GROWTH x the shortfall above 1; below 1 (short only of the capacity margin) the
+    overload itself, so that the price stays at least most of OVERLOAD_PENALTY and still ranks
+    by capacity: the shortfall's formula would turn negative there, and price such a config
+    as faster than any that keeps up."""
+    return max(overload, 1.0 + QUEUE_GROWTH * (overload - 1.0))
 
 
 def steady_batch(curve: Curve, demand: float) -> float:
