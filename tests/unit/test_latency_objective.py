@@ -339,3 +339,18 @@ def test_a_config_short_only_of_its_capacity_margin_is_priced_as_overloaded() ->
     assert scores[0].latency_s < scores[1].latency_s < scores[2].latency_s
     assert overload_factor(1.0) == 1.0
     assert overload_factor(1.1) == pytest.approx(1.0 + QUEUE_GROWTH * 0.1)
+
+
+def test_a_config_that_never_ran_enters_only_if_its_capacity_one_sd_down_has_the_margin() -> None:
+    surrogate = Surrogate(COST, PRIORS, prefill_ratio=PREFILL_RATIO, acceptance_sd={"eagle3": 0.05})
+    curves = load_curves(CANDIDATES, surrogate, CONTEXT, settings())
+    unit = overload_unit(curves)
+    top = max((p for _, p in curves[1]), key=lambda p: p.tokens_per_s)
+    assert top.uncertainty > 0.01
+    margin = 0.2
+    # between the capacity one sd down and the mean, over the margin
+    peak = top.tokens_per_s * (1 + math.exp(-top.uncertainty)) / 2 / (1 + margin)
+    sure = latency_score(EAGLE, curves[1], peak, peak, margin, unit, cautious=True)
+    measured = latency_score(EAGLE, curves[1], peak, peak, margin, unit)
+    assert sure.overloaded and not measured.overloaded
+    assert sure.capacity == measured.capacity == top.tokens_per_s

@@ -123,21 +123,26 @@ def latency_score(
 ) -> LatencyScore:
     """`config`'s steady per-token latency at `demand`; overloaded when its capacity is below
     peak_demand x (1 + margin), and then priced at `unit_s` x OVERLOAD_PENALTY x (1 +
-    QUEUE_GROWTH x the shortfall) (see `overload_unit`, `overload_factor`). `cautious` prices
-    an overload at the capacity one sd down: a move made for capacity alone must be sure of it
-    (a config that never ran at a large batch may have less than the physics prior says).
+    QUEUE_GROWTH x the shortfall) (see `overload_unit`, `overload_factor`). `cautious` (a
+    config that never ran) reads the capacity one sd down, to enter and to price an overload:
+    at the batch its capacity is read at, the physics prior can be well above the truth (a
+    world with slow compute, or a costly speculative path), and a move there must be sure of
+    it.
     `ceiling` caps the capacity at what was seen (what the config served when it was left for
     capacity)."""
     top_batch, top = max(curve, key=lambda point: point[1].tokens_per_s)
-    # The mean, not a pessimistic bound: far from any measured batch the surrogate's spread
-    # is wide, and a bound would keep speculation off wherever the load is not tiny; the
-    # margin and the hysteresis carry the caution.
+    # The mean for a config that ran, not a pessimistic bound: far from any measured batch the
+    # surrogate's spread is wide, and a bound would keep speculation off wherever the load is
+    # not tiny; the margin and the hysteresis carry the caution. Entering a config that never
+    # ran on the prior alone brought EAGLE-3 near its capacity and back in hidden worlds
+    # (bench/results/yardstick-*: in world 4 of the Poisson sweep at 0.7, 1.33x no
+    # speculation's mean E2E).
     capacity = top.tokens_per_s if ceiling is None else min(top.tokens_per_s, ceiling)
+    sure = capacity * math.exp(-top.uncertainty) if cautious else capacity
     peak = max(demand, peak_demand)
-    if capacity < peak * (1.0 + margin):
+    if sure < peak * (1.0 + margin):
         # priced without the margin: among configs that all fall short, capacity alone ranks
-        priced = capacity * math.exp(-top.uncertainty) if cautious else capacity
-        overload = peak / priced if priced > 0 else math.inf
+        overload = peak / sure if sure > 0 else math.inf
         return LatencyScore(
             config=config,
             batch=top_batch,
