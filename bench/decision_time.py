@@ -1,13 +1,13 @@
 """Tuner decision time over 1,000 observations; writes bench/results/decision_time.json.
 
-(decision_time_lumpy.json with `--lumpy-prefill`.)
+(decision_time_averaged.json with `--averaged-prefill`.)
 
-Run: .venv/bin/python bench/decision_time.py [--lumpy-prefill]
+Run: .venv/bin/python bench/decision_time.py [--averaged-prefill]
 The observations come from the tuner's own physics at loads cycling from batch 1 to 300, so
 the residual store fills up as it would over a long run, with the Azure conversation trace's
 traffic shape (PROMPT_RATIO prompt tokens per output token, OUTPUT_TOKENS per request): the
-tuner learns the mean prompt, and with `lumpy_prefill` (off by default, `--lumpy-prefill` here)
-its step times take the expectation over lumpy prefill (`StepCost.serving_step_time`)."""
+tuner learns the mean prompt, and its step times take the expectation over lumpy prefill
+(`StepCost.serving_step_time`; spread over every step with `--averaged-prefill`)."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def main() -> None:
         SpecConfig(method="ngram", num_speculative_tokens=3),
     )
     priors = {m: acceptance_curve(m, "chat") for m in ("eagle3", "ngram")}
-    lumpy = "--lumpy-prefill" in sys.argv[1:]
+    lumpy = "--averaged-prefill" not in sys.argv[1:]
     settings = TunerSettings(
         candidates=space, min_dwell_s=0, restart_budget_per_hour=10_000, lumpy_prefill=lumpy
     )
@@ -68,7 +68,7 @@ def main() -> None:
     report = {
         "commit": git_commit(),
         "command": ".venv/bin/python bench/decision_time.py"
-        + (" --lumpy-prefill" if lumpy else ""),
+        + ("" if lumpy else " --averaged-prefill"),
         "seeds": "none drawn: the observations are the tuner's own physics at batches "
         "1 + (37 x tick) mod 300",
         "load_average_1m_before_after": [load_before, round(os.getloadavg()[0], 2)],
@@ -80,7 +80,7 @@ def main() -> None:
         "residual_summaries": len(state.residuals),
     }
     RESULTS.mkdir(exist_ok=True)
-    name = "decision_time_lumpy.json" if lumpy else "decision_time.json"
+    name = "decision_time.json" if lumpy else "decision_time_averaged.json"
     (RESULTS / name).write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))
 

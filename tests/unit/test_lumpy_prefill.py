@@ -109,9 +109,9 @@ def test_the_state_learns_the_mean_prompt_and_keeps_it_across_a_restart() -> Non
 
 
 def test_the_tuner_prices_lumps_only_when_its_settings_say_so() -> None:
-    """Off by default (TunerSettings.lumpy_prefill says why); the mean prompt is learned
-    either way."""
+    """On by default (TunerSettings.lumpy_prefill); the mean prompt is learned either way."""
     state = TunerState.initial(SpecConfig(), 0.0, prior_curves((SpecConfig(),)))
+    assert TunerSettings(candidates=(SpecConfig(),)).lumpy_prefill
     beliefs = {}
     for lumpy in (False, True):
         settings = TunerSettings(candidates=(SpecConfig(),), lumpy_prefill=lumpy)

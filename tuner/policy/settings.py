@@ -63,13 +63,13 @@ class TunerSettings:
     residual_model: ResidualModel = "gp"
     """gp: the shared offset plus the fitted GP over the residuals; offset: the shared offset
     alone (an ablation: every config corrected alike)."""
-    lumpy_prefill: bool = False
+    lumpy_prefill: bool = True
     """Price prefill in lumps of the traffic's mean prompt (`StepCost.serving_step_time`), not
-    spread over every step. Off by default: the lumped physics is the more accurate
-    (bench/results/lumpy_prefill.md), but on the Azure trace at peak 1.2 it draws the policy
-    into EAGLE-3 near its capacity and back out for capacity, four restarts in most worlds, and
-    the median mean E2E rose from 24.5 s to 36.5 s (`specpilot:lumpy-prefill` in `specpilot
-    bench`); the policy must learn not to re-enter a config it left for capacity first."""
+    spread over every step (False: `specpilot:averaged-prefill` in `specpilot bench`). The
+    lumped physics is the more accurate (bench/results/lumpy_prefill.md): spread evenly, it
+    underrates a narrow decode step carrying a whole prompt more than a wide verify step, so
+    the correction learned on no speculation makes EAGLE-3 look slower than it is, and keeps
+    speculation off at loads where it pays."""
     max_batch: int = DEFAULT_MAX_BATCH
     """The engine's max-num-seqs (SGLang: max-running-requests): the most concurrent requests a
     forecast can reach, and the batch each config's capacity is read at."""

@@ -35,10 +35,10 @@ ABLATIONS: dict[str, dict[str, object]] = {
     "specpilot:moving-average": {"acceptance_model": "moving-average"},
     "specpilot:no-exploration": {"exploration": 0.0},
     "specpilot:no-schedules": {"synthesize_schedules": False},
-    "specpilot:lumpy-prefill": {"lumpy_prefill": True},
+    "specpilot:averaged-prefill": {"lumpy_prefill": False},
 }
-"""SpecPilot with one component removed (or, for lumpy-prefill, one added that is off by
-default), by name: the TunerSettings each one overrides."""
+"""SpecPilot with one component removed, by name: the TunerSettings each one overrides
+(averaged-prefill spreads the prefill over every step instead of pricing it in lumps)."""
 HINDSIGHT = "hindsight"
 NO_SPEC = "no-spec"
 VLLM_EAGLE3_TABLE = SpecConfig(
