@@ -4,6 +4,8 @@ traffic, both engine dialects and two rollout strategies; writes bench/results/y
 Run: .venv/bin/python bench/yardstick.py [--only NAME ...] [--worlds N]
 Each run is one `specpilot bench` command (recorded in its JSON with the commit, seeds and wall
 time); the Markdown beside it is the summary table (medians over worlds).
+`poisson-vllm-start-eagle3` is the Poisson sweep with SpecPilot started on EAGLE-3 K=3 (the
+SpecDeployment's default start) instead of the bench's speculation off.
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ RUNS: dict[str, list[str]] = {
         "--trace", AZURE, "--peak-load", "1.2", *VLLM, "--replicas", "4", "--rollout", "surge",
     ],
     "poisson-vllm": ["--trace", AZURE, "--poisson", "0.1:1.3:7", *VLLM, "--rollout", "surge"],
+    "poisson-vllm-start-eagle3": [
+        "--trace", AZURE, "--poisson", "0.1:1.3:7", *VLLM, "--rollout", "surge",
+        "--initial", "static:eagle3 K=3",
+    ],
 }  # fmt: skip
 
 

@@ -4,7 +4,7 @@ hindsight is a reference built from the statics, and the summary has the documen
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 
@@ -16,7 +16,7 @@ from specpilot.operator.app.bench.policies import (
     space_for,
 )
 from specpilot.operator.app.bench.report import summary, world_report
-from specpilot.operator.app.bench.run import Setup, control_loop, run_policy
+from specpilot.operator.app.bench.run import Setup, Tuning, control_loop, run_policy
 from specpilot.operator.app.bench.traffic import requests_from_rates
 from specpilot.runtime.traces import parse_trace
 from specpilot.tuner import Observation, SpecConfig
@@ -93,3 +93,13 @@ def test_the_same_inputs_give_the_same_run() -> None:
     policy = StaticPolicy("static:eagle3 K=3", space_for("vllm")[3])
     a, b = run_policy(SETUP, 4, policy), run_policy(SETUP, 4, policy)
     assert a.records == b.records and a.itl == b.itl
+
+
+def test_specpilot_starts_from_the_initial_config_it_is_given() -> None:
+    eagle = space_for("vllm")[3]
+    assert eagle.method == "eagle3" and eagle.num_speculative_tokens == 3
+    started_on = run_policy(replace(SETUP, tuning=Tuning(initial=eagle)), 0, SPECPILOT)
+    started_off = run_policy(SETUP, 0, SPECPILOT)
+    # the first window is served by the config it started with: only EAGLE-3 accepts drafts
+    assert started_on.observations[0][1].acceptance_length is not None
+    assert started_off.observations[0][1].acceptance_length is None

@@ -237,3 +237,13 @@ def test_emulate_port_zero_is_kept_and_out_of_range_ports_are_refused() -> None:
     with pytest.raises(ConfigError, match="--max-model-len"):
         parse_settings(["--model", "m", "--max-model-len", "0"])
     assert parse_settings(["--model", "m", "--max-model-len", "4096"]).context_tokens == 4096
+
+
+def test_bench_refuses_an_initial_config_outside_the_space(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "trace.csv"
+    path.write_text("t,rps,chat\n0,1,1\n60,1,1\n")
+    code = main(["bench", "--trace", str(path), "--workers", "1", "--initial", "static:eagle3 K=9"])
+    assert code == 2
+    one_line_error(capsys, "--initial", "no-spec", "static:eagle3 K=3")

@@ -124,10 +124,9 @@ def latency_score(
     """`config`'s steady per-token latency at `demand`; overloaded when its capacity is below
     peak_demand x (1 + margin), and then priced at `unit_s` x OVERLOAD_PENALTY x (1 +
     QUEUE_GROWTH x the shortfall) (see `overload_unit`, `overload_factor`). `cautious` (a
-    config that never ran) reads the capacity one sd down, to enter and to price an overload:
-    at the batch its capacity is read at, the physics prior can be well above the truth (a
-    world with slow compute, or a costly speculative path), and a move there must be sure of
-    it.
+    speculative config that never ran) reads the capacity one sd down, to enter and to price
+    an overload: at the batch its capacity is read at, the prior can be well above the truth
+    (a costly speculative path, a slow drafter), and a move there must be sure of it.
     `ceiling` caps the capacity at what was seen (what the config served when it was left for
     capacity)."""
     top_batch, top = max(curve, key=lambda point: point[1].tokens_per_s)

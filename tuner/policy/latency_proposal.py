@@ -101,7 +101,9 @@ def propose_for_latency(
         peak = max(peak, BEYOND_SATURATION * demand)
     unit = overload_unit(list(curves.values()))
     # A move for capacity alone must be sure of it where the capacity is the physics prior's
-    # guess; a config that ran here has a measured correction instead.
+    # guess for a speculative path; a config that ran here has a measured correction instead,
+    # and no speculation is the roofline's own baseline (what a world hides from the prior, it
+    # hides from every config alike).
     ran = {r.config for r in state.residuals}
     # A method left for capacity is held to what it served then until it serves more: under a
     # queue that is its capacity, and short of one it is the load it was left at; the prior's
@@ -118,7 +120,7 @@ def propose_for_latency(
             peak,
             0.0 if c == current else settings.capacity_margin,
             unit,
-            cautious=c != current and c not in ran,
+            cautious=c != current and c not in ran and c.speculative,
             ceiling=None if c == current else ceilings.get(c.method),
         )
         for c, curve in curves.items()

@@ -7,7 +7,8 @@ world and policy the serving metrics (runtime/serving_metrics.py) and per-window
 top-level `summary` (one entry per policy, medians over worlds; operator/app/bench/report.py).
 Policies: `no-spec`, `static:<config>`, the engine's baseline (`vllm-eagle3-table` or
 `sglang-adaptive`), `tuned-schedule`, `hindsight` (a reference) and `specpilot` (the operator's
-control loop and tuner, told nothing of the world). The report records the commit, the exact
+control loop and tuner, told nothing of the world; it starts from `--initial`, a static
+policy's name, speculation off by default). The report records the commit, the exact
 command, the seeds and the wall time. A bad argument or trace is one `error:` line (the CLI's
 ConfigError handling), never a traceback.
 
@@ -34,9 +35,16 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
-from specpilot.operator.app.bench.policies import ABLATIONS, SPECPILOT, StaticPolicy, baselines
+from specpilot.operator.app.bench.policies import (
+    ABLATIONS,
+    NO_SPEC,
+    SPECPILOT,
+    StaticPolicy,
+    baselines,
+    space_for,
+)
 from specpilot.operator.app.bench.report import markdown, summary, world_report
-from specpilot.operator.app.bench.run import PolicyRun, Setup, run_policy
+from specpilot.operator.app.bench.run import PolicyRun, Setup, Tuning, run_policy
 from specpilot.operator.app.bench.traffic import (
     RequestTemplate,
     no_spec_capacity_rps,
@@ -59,7 +67,7 @@ from specpilot.runtime.load_shaping import (
 )
 from specpilot.runtime.request_traces import RequestTrace, load_any_trace, parse_task_mix
 from specpilot.runtime.traces import Trace
-from specpilot.tuner import GPUS, PROFILES, ConfigError, StepCost
+from specpilot.tuner import GPUS, PROFILES, ConfigError, SpecConfig, StepCost
 
 POISSON_DURATION_S = 900.0
 """Each Poisson rate runs this long: long enough that a tuner's first windows, its minimum dwell
@@ -93,6 +101,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="comma-separated policies to run (default: every baseline and specpilot; "
         f"ablations: {', '.join(ABLATIONS)})",
     )
+    p.add_argument(
+        "--initial",
+        default=NO_SPEC,
+        help="the static config SpecPilot's deployment starts with, by policy name "
+        f"(default {NO_SPEC}: speculation off)",
+    )
     p.add_argument("--seed", type=int, default=0, help="traffic and engine seed")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes")
     add_json_option(p, "the full report")
@@ -119,6 +133,7 @@ def run(ns: argparse.Namespace) -> int:
     capacity = no_spec_capacity_rps(nominal, base.requests) * ns.replicas
     traffics = _shaped(ns, loaded, base, capacity)
     policies = _policies(ns.policies, baselines(ns.engine, nominal))
+    tuning = Tuning(initial=_initial(ns.initial, ns.engine))
     worlds = list(range(ns.world_seed, ns.world_seed + ns.worlds))
     setups = [
         Setup(
@@ -131,6 +146,7 @@ def run(ns: argparse.Namespace) -> int:
             replicas=ns.replicas,
             rollout=ns.rollout,
             seed=ns.seed,
+            tuning=tuning,
         )
         for t in traffics
     ]
@@ -167,6 +183,16 @@ def _policies(chosen: str | None, statics: list[StaticPolicy]) -> list[StaticPol
     if unknown or not wanted:
         raise ConfigError("--policies", chosen, ", ".join(names))
     return [names[n] for n in dict.fromkeys(wanted)]
+
+
+def _initial(chosen: str, engine: str) -> SpecConfig:
+    """The config of the engine's space whose static policy is named `chosen`."""
+    space = {
+        NO_SPEC if not c.speculative else f"static:{c.describe()}": c for c in space_for(engine)
+    }
+    if chosen not in space:
+        raise ConfigError("--initial", chosen, ", ".join(space))
+    return space[chosen]
 
 
 def _traffic(loaded: RequestTrace | Trace, seed: int) -> Traffic:
@@ -282,6 +308,7 @@ def _report(
             "engine": ns.engine,
             "replicas": ns.replicas,
             "rollout": ns.rollout,
+            "initial": ns.initial,
             "window_s": ns.window,
             "peak_load": ns.peak_load,
             "time_scale": ns.time_scale,
