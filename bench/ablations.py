@@ -9,7 +9,9 @@ speculation, the full tuner and each ablation (operator/app/bench/policies.py, `
 - specpilot:moving-average: acceptance as the running method's length averaged at rate 0.3
   (tuner/policy/ablation.py), no (p, r) posterior and no task mix;
 - specpilot:no-exploration: no trials (exploration 0);
-- specpilot:no-schedules: no synthesised per-batch K schedules.
+- specpilot:no-schedules: no synthesised per-batch K schedules;
+- specpilot:averaged-prefill: prefill spread over every step, not priced in lumps of the
+  measured mean prompt (`TunerSettings.lumpy_prefill`).
 Writes bench/results/ablations-NAME.json (the bench's report: commit, command, seeds) and
 ablations.md: per run, each policy's median-world figures and, per world, the mean E2E latency
 of each ablation over the full tuner's (above 1: the component paid for itself in that world).
