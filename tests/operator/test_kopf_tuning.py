@@ -180,7 +180,9 @@ def test_a_stale_recommendation_is_cleared(api: ApiServer, rest: KubeRest) -> No
     now = later()
     tune(rest, spd(api, "stale"), now=now, make_actuator=factory(FakeActuator(busy())))
     assert "recommendation" in spd(api, "stale")["status"]
-    # the running config is the best one at this load: the tuner stays
+    # no restart left in the budget: whatever the tuner would move to, it stays
+    patch = {"spec": {"tuning": {"restartBudgetPerHour": 0}}}
+    rest.patch("specpilot.io/v1alpha1", "specdeployments", "default", "stale", patch)
     quiet = FakeActuator(busy(batch=1.0, tokens_per_s=150.0))
     outcome = tune(rest, spd(api, "stale"), now=now + 60, make_actuator=factory(quiet))
     assert outcome is not None and outcome.action == "stay", outcome

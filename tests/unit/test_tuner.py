@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -281,3 +282,25 @@ def test_a_ttft_target_shorter_than_the_restart_charges_the_requests_it_delays()
     tight, _ = decide(obs, state, replace(base, slo_ttft_p95_s=0.5), COST, 600.0)
     assert free.config == loose.config == EAGLE3_K1 and loose.action == "switch"
     assert tight.action == "stay" and "not worth a restart" in tight.reason
+
+
+def test_a_synthesised_schedule_with_one_k_everywhere_is_not_a_config_of_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One K at every batch is the static config at that K: as a separate config it would lack
+    what the static one measured and look better for it (a restart to the same engine)."""
+    from specpilot.tuner.policy import propose
+
+    candidates = tuple(SpecConfig(method="ngram", num_speculative_tokens=k) for k in (2, 4))
+    settings_ = TunerSettings(candidates=candidates)
+    constant = ((1, 1024, 4),)
+    varying = ((1, 31, 4), (32, 1024, 2))
+    for schedule, added in ((constant, False), (varying, True)):
+        monkeypatch.setattr(propose, "synthesize_schedule", lambda *_, s=schedule: s)
+        space = propose._space(settings_, PRIORS, COST, 0.0, 1024.0)
+        scheduled = [c for c in space if c.schedule is not None]
+        assert bool(scheduled) == added, space
+    # a constant schedule at a K the candidates do not hold is still a config of its own
+    monkeypatch.setattr(propose, "synthesize_schedule", lambda *_: ((1, 1024, 3),))
+    space = propose._space(settings_, PRIORS, COST, 0.0, 1024.0)
+    assert [c.schedule for c in space if c.schedule is not None] == [((1, 1024, 3),)]

@@ -98,9 +98,15 @@ def _space(
             if not config.speculative or curve is None or config.schedule is not None:
                 continue
             schedule = synthesize_schedule(config, curve, cost, context, prefill_ratio)
-            if schedule is not None:
-                top = max(k for _, _, k in schedule)
-                space.append(replace(config, num_speculative_tokens=top, schedule=schedule))
+            if schedule is None:
+                continue
+            top = max(k for _, _, k in schedule)
+            static = replace(config, num_speculative_tokens=top, schedule=None)
+            if static in space and all(k == top for _, _, k in schedule):
+                # one K at every batch is that static config: as a config of its own it would
+                # lack what the static one measured, and look better for it
+                continue
+            space.append(replace(config, num_speculative_tokens=top, schedule=schedule))
     return space
 
 
