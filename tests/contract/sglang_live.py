@@ -14,6 +14,7 @@ server alive: asking for another stops the current one.
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -268,13 +269,32 @@ class Served:
     returned_s: float
     meta: dict[str, Any]
 
-    def held(self) -> tuple[float, float]:
+    def held(self, finish_offset_s: float = 0.0) -> tuple[float, float]:
         """The wall-clock span the scheduler held the request: its first forward pass to its
         finish. With --enable-metrics SGLang 0.5.23 returns both as real time in meta_info
         (forward_entry_time from the scheduler, request_finished_ts from the tokenizer); they
         come from per-request timestamps, not from /metrics, so they check the reader's
-        integrals from outside."""
-        return float(self.meta["forward_entry_time"]), float(self.meta["request_finished_ts"])
+        integrals from outside. `finish_offset_s` puts the finish on the client's clock
+        (finish_clock_offset)."""
+        return (
+            float(self.meta["forward_entry_time"]),
+            float(self.meta["request_finished_ts"]) + finish_offset_s,
+        )
+
+
+def finish_clock_offset(served: Sequence[Served]) -> float:
+    """Seconds to add to SGLang's request_finished_ts to put it on the client's wall clock.
+    SGLang stamps with perf_counter() and turns that into wall time with a time() - perf_counter()
+    difference: the scheduler retakes it for every request it receives, the tokenizer only when
+    it starts (sglang/srt/observability/req_time_stats.py, 0.5.23: calibrate_time_diff). A wall
+    clock slewed or stepped since the server started (NTP on a CI VM) moves the tokenizer's
+    finish and not the scheduler's forward entry. One CI run (stop 21) read 0.27 requests held
+    against 0.94 from the integrals and 0.998 clients in flight at 1 user: spans cut short by a
+    tokenizer clock behind the scheduler's would read so, and stepping the host's clock 0.5 s
+    forward after the server started put the finish 0.486 s behind the client's receipt. The
+    median gap from the finish to the receipt measures that shift (plus the answer's
+    milliseconds on the wire)."""
+    return statistics.median(s.returned_s - float(s.meta["request_finished_ts"]) for s in served)
 
 
 class GenerateLoop:

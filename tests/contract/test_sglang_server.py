@@ -46,6 +46,7 @@ from sglang_live import (
     LiveServer,
     Scraper,
     ServerPool,
+    finish_clock_offset,
     gauge_values,
     generate,
     mean_in_window,
@@ -193,7 +194,8 @@ def test_batch_estimate_is_what_the_engine_held(plain: LiveServer, users: int) -
     observation = observe("sglang", [stats])
     estimate = observation.running_requests
     start, end = first.timestamp, last.timestamp
-    spans = [served.held() for served in load.served]
+    offset = finish_clock_offset(load.served)
+    spans = [served.held(offset) for served in load.served]
     held = mean_in_window(spans, start, end)
     in_flight = mean_in_window([(s.sent_s, s.returned_s) for s in load.served], start, end)
     through = (stats.histogram_counts["e2e_s"] + stats.histogram_counts["queue_s"]) / 2
@@ -201,7 +203,7 @@ def test_batch_estimate_is_what_the_engine_held(plain: LiveServer, users: int) -
         f"\nSGLang, {users} users: window {stats.window_s:.2f} s, {through:.1f} requests "
         f"through it; running (integrals) {estimate}, held per the requests' timestamps "
         f"{held:.3f}, clients in flight {in_flight:.3f}, gauge at the two scrapes "
-        f"{observation.running_requests_gauge}"
+        f"{observation.running_requests_gauge}; tokenizer clock {offset:+.3f} s from the client's"
     )
     # the integrals, not the gauge fallback, gave the estimate
     assert through >= SGLANG_MIN_REQUESTS
