@@ -3,8 +3,11 @@
 Contract: `ControlLoop.tick(now)` observes one window through the actuator, asks the tuner
 for a decision, applies a switch through the actuator and records what happened; a switch the
 engine cannot start is rolled back to the previous config and that config is not tried again
-for `failed_backoff_s`. A trial (the tuner exploring) goes through `TrialActuator.apply_trial`
-where the actuator has it. Only an `Exception` from `apply` counts as a refusal: a
+for `failed_backoff_s`. The tuner explores only where a trial costs a share of the traffic:
+through `TrialActuator.apply_trial` while the actuator has a canary to run it on
+(`canary_available`); elsewhere its exploration weight is 0 (a trial on all of the traffic
+paid for itself in none of the bench's 90 world runs: bench/results/ablations.md, at 9a20144).
+Only an `Exception` from `apply` counts as a refusal: a
 BaseException (the operator stopping mid-rollout) passes through untouched, the switch left in
 flight and nothing rolled back or backed off. The loop owns no clock: `now` comes from the
 caller.
@@ -48,6 +51,9 @@ class TrialActuator(Protocol):
 
     def apply_trial(self, config: SpecConfig) -> None:
         """Run `config` as a trial; raise, leaving the running config, if it disappoints."""
+
+    def canary_available(self) -> bool:
+        """Whether a trial would run now on a canary, at a share of the traffic."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +113,8 @@ class ControlLoop:
 
     def _decide_and_act(self, observation: Observation, now: float) -> TickRecord:
         settings = self._without_failed(now)
+        if not self._canary_available():
+            settings = replace(settings, exploration=0.0)
         previous = self.state
         decision, state = decide(observation, self.state, settings, self.cost, now)
         record = TickRecord(now, observation, decision, applied=False)
@@ -180,6 +188,9 @@ class ControlLoop:
             self.actuator.apply(config)
         finally:
             self.rolling_back = False
+
+    def _canary_available(self) -> bool:
+        return isinstance(self.actuator, TrialActuator) and self.actuator.canary_available()
 
     def _without_failed(self, now: float) -> TunerSettings:
         blocked = {c for c, t in self._failed.items() if now - t < self.failed_backoff_s}

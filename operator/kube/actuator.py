@@ -139,6 +139,16 @@ class KubeActuator:
         disappoints raises CanaryRejected with the main pods untouched."""
         self._apply(config, canary=True)
 
+    def canary_available(self) -> bool:
+        """Whether a trial would run on a canary now: the main Deployment has two or more
+        replicas (with one, `apply_trial` rolls the main pods at all of the traffic). An API
+        that cannot tell counts as no: the tuner then just does not explore this window."""
+        try:
+            live = self._call(lambda: self.api.read_deployment(self.namespace, self.name))
+        except Exception:
+            return False
+        return live is not None and _replicas(live) >= 2
+
     def _apply(self, config: SpecConfig, *, canary: bool) -> None:
         main = self.render(config, "main")
         live = self._call(lambda: self.api.read_deployment(self.namespace, self.name))

@@ -177,6 +177,9 @@ class _Announcing:
         else:
             self._inner.apply(config)
 
+    def canary_available(self) -> bool:
+        return isinstance(self._inner, TrialActuator) and self._inner.canary_available()
+
     def observe(self, window_s: float) -> Observation:
         return self._inner.observe(window_s)
 

@@ -143,6 +143,9 @@ class RealRollouts:
     def apply_trial(self, config: SpecConfig) -> None:
         self.inner.apply_trial(config)
 
+    def canary_available(self) -> bool:
+        return self.inner.canary_available()
+
     def observe(self, window_s: float) -> Observation:
         self.observed += 1
         return self.observation

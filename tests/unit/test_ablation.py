@@ -94,7 +94,6 @@ def test_the_bench_runs_the_named_ablations_and_refuses_unknown_names(
     assert set(ABLATIONS) == {
         "specpilot:no-gp",
         "specpilot:moving-average",
-        "specpilot:no-exploration",
         "specpilot:no-schedules",
         "specpilot:averaged-prefill",
     }

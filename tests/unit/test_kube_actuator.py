@@ -21,7 +21,7 @@ from specpilot.operator.kube.actuator import (
 )
 from specpilot.operator.kube.pod_metrics import PodTarget, pod_target
 from specpilot.operator.kube.rollout import rollout_status
-from specpilot.operator.loop import ControlLoop
+from specpilot.operator.loop import Actuator, ControlLoop
 from specpilot.runtime.engine_metrics import WindowStats
 from specpilot.tuner import (
     Observation,
@@ -407,10 +407,14 @@ def test_a_trial_runs_on_a_canary_even_where_the_spec_asks_for_none() -> None:
 class TrialRecordingActuator(ScriptedActuator):
     trials: list[SpecConfig] = field(default_factory=list)
     batch: float = 2.0
+    canary: bool = True
 
     def apply_trial(self, config: SpecConfig) -> None:
         self.trials.append(config)
         self.applied.append(config)
+
+    def canary_available(self) -> bool:
+        return self.canary
 
     def observe(self, window_s: float) -> Observation:
         served = super().observe(window_s)
@@ -418,17 +422,17 @@ class TrialRecordingActuator(ScriptedActuator):
         return replace(served, running_requests=self.batch, prompt_tokens_per_s=0.2 * tokens_per_s)
 
 
-def test_the_loop_sends_the_tuners_trials_through_apply_trial() -> None:
-    # n-gram's chat prior is level with no speculation on an affine CPU fit at batch 1, wide
-    # spread: the tuner tries it (tests/unit/test_exploration.py); a switch it is sure of is
-    # an ordinary apply
+NGRAM = SpecConfig(method="ngram", num_speculative_tokens=3)
+
+
+def _ngram_trial_loop(act: Actuator) -> ControlLoop:
+    """n-gram's chat prior is level with no speculation on an affine CPU fit at batch 1, with
+    a wide spread: the tuner would try it (tests/unit/test_exploration.py)."""
     fit = StepTimeModel(fixed_s=5.98e-3, per_token_s=0.791e-3, per_kv_token_s=0.0)
-    ngram = SpecConfig(method="ngram", num_speculative_tokens=3)
-    act = TrialRecordingActuator({"none": 115.0, "ngram": 115.0}, batch=1.0)
-    loop = ControlLoop(
+    return ControlLoop(
         actuator=act,
         settings=TunerSettings(
-            candidates=(SpecConfig(), ngram),
+            candidates=(SpecConfig(), NGRAM),
             min_dwell_s=0,
             synthesize_schedules=False,
             restart_downtime_s=20.0,
@@ -438,12 +442,38 @@ def test_the_loop_sends_the_tuners_trials_through_apply_trial() -> None:
         state=TunerState.initial(SpecConfig(), 0.0, {"ngram": acceptance_curve("ngram", "chat")}),
         window_s=10.0,
     )
+
+
+def test_the_loop_sends_the_tuners_trials_through_apply_trial() -> None:
+    # a switch the tuner is sure of is an ordinary apply
+    act = TrialRecordingActuator({"none": 115.0, "ngram": 115.0}, batch=1.0)
+    loop = _ngram_trial_loop(act)
     loop.start()
     record = loop.tick(100.0)
-    assert record.applied and record.decision.trial and record.decision.config == ngram
-    assert act.trials == [ngram]
+    assert record.applied and record.decision.trial and record.decision.config == NGRAM
+    assert act.trials == [NGRAM]
     sure = goodput_loop(TrialRecordingActuator({"none": 200.0, "eagle3": 420.0}))
     sure.start()
     switched = sure.tick(100.0)
     assert switched.applied and not switched.decision.trial
     assert isinstance(sure.actuator, TrialRecordingActuator) and sure.actuator.trials == []
+
+
+def test_without_a_canary_the_loop_does_not_explore() -> None:
+    # the same window as above: with no canary to run it on (one replica), a trial would take
+    # all the traffic, and the tuner stays
+    act = TrialRecordingActuator({"none": 115.0, "ngram": 115.0}, batch=1.0, canary=False)
+    loop = _ngram_trial_loop(act)
+    loop.start()
+    record = loop.tick(100.0)
+    assert record.decision.action == "stay" and not record.applied, record.decision.reason
+    assert act.applied == [SpecConfig()] and act.trials == []
+
+
+def test_the_kube_actuator_has_a_canary_with_two_replicas_or_more() -> None:
+    cluster = FakeCluster()
+    act = actuator(cluster)
+    assert act.canary_available() is False  # no Deployment yet
+    for replicas, expected in ((1, False), (2, True), (4, True)):
+        cluster.deployments["llm"] = deployment(SpecConfig(), replicas=replicas, role="main")
+        assert act.canary_available() is expected

@@ -56,7 +56,8 @@ class TunerSettings:
     window_s: float = 60.0
     """Seconds between decisions (the spacing of the batches the forecast extrapolates)."""
     exploration: float = 1.0
-    """Weight on a trial's expected improvement (0 disables exploration)."""
+    """Weight on a trial's expected improvement (0 disables exploration). The control loop
+    sets it to 0 where a trial would take all of the traffic (no canary: operator/loop.py)."""
     acceptance_model: AcceptanceModel = "posterior"
     """posterior: per-position Beta posteriors learning (p, r) and the task mix; moving-average:
     the running method's length averaged at a fixed rate (an ablation, `policy.ablation`)."""

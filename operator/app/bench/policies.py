@@ -33,7 +33,6 @@ SPECPILOT = "specpilot"
 ABLATIONS: dict[str, dict[str, object]] = {
     "specpilot:no-gp": {"residual_model": "offset"},
     "specpilot:moving-average": {"acceptance_model": "moving-average"},
-    "specpilot:no-exploration": {"exploration": 0.0},
     "specpilot:no-schedules": {"synthesize_schedules": False},
     "specpilot:averaged-prefill": {"lumpy_prefill": False},
 }
