@@ -12,8 +12,9 @@ speculation, the full tuner and each ablation (operator/app/bench/policies.py, `
 - specpilot:averaged-prefill: prefill spread over every step, not priced in lumps of the
   measured mean prompt (`TunerSettings.lumpy_prefill`).
 Exploration is not among them: the bench's deployments have no canary, and the control loop
-lets the tuner explore only where a trial runs on one (operator/loop.py); `specpilot:
-no-exploration` paid for itself in none of 90 world runs at 9a20144 (its last ablations.md).
+lets the tuner explore only where a trial runs on one (operator/loop.py);
+`specpilot:no-exploration` paid for itself in none of 90 world runs
+(`git show d04e071:bench/results/ablations.md`).
 Writes bench/results/ablations-NAME.json (the bench's report: commit, command, seeds) and
 ablations.md: per run, each policy's median-world figures and, per world, the mean E2E latency
 of each ablation over the full tuner's (above 1: the component paid for itself in that world).

@@ -6,11 +6,11 @@ engine cannot start is rolled back to the previous config and that config is not
 for `failed_backoff_s`. The tuner explores only where a trial costs a share of the traffic:
 through `TrialActuator.apply_trial` while the actuator has a canary to run it on
 (`canary_available`); elsewhere its exploration weight is 0 (a trial on all of the traffic
-paid for itself in none of the bench's 90 world runs: bench/results/ablations.md, at 9a20144).
-Only an `Exception` from `apply` counts as a refusal: a
-BaseException (the operator stopping mid-rollout) passes through untouched, the switch left in
-flight and nothing rolled back or backed off. The loop owns no clock: `now` comes from the
-caller.
+paid for itself in none of the bench's 90 world runs:
+`git show d04e071:bench/results/ablations.md`). Only an `Exception` from `apply` counts as a
+refusal: a BaseException (the operator stopping mid-rollout) passes through untouched, the
+switch left in flight and nothing rolled back or backed off. The loop owns no clock: `now`
+comes from the caller.
 
 With `goodput_tolerance` set, a switch is also checked on the first window after it: when the
 measured per-sequence speed (tokens/s over running requests) falls short of the prediction (the
