@@ -172,7 +172,9 @@ class ControlLoop:
         )
         self._failed[pending.config] = now
         self._roll_back_to(pending.previous)
-        self.state = replace(self.state, current=pending.previous, since_s=now)
+        # a rollback restarts the engine as a switch does: it spends the tuner's restart budget
+        restarts = (*self.state.restarts, now)
+        self.state = replace(self.state, current=pending.previous, since_s=now, restarts=restarts)
         decision = Decision(
             action="switch" if pending.previous.speculative else "off",
             config=pending.previous,

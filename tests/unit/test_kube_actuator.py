@@ -314,6 +314,7 @@ def test_the_loop_rolls_back_a_switch_that_falls_short_of_its_prediction() -> No
     assert checked.rolled_back and checked.decision.config == SpecConfig()
     assert "measured 90.0 tok/s per sequence" in (checked.error or "")
     assert actuator.applied[-1] == SpecConfig() and loop.state.current == SpecConfig()
+    assert loop.state.restarts == (100.0, 200.0)  # the rollback spent a restart too
     again = loop.tick(300.0)
     assert not again.applied  # backed off: EAGLE is not tried again at once
 
