@@ -10,11 +10,11 @@ speculation, the full tuner and each ablation (operator/app/bench/policies.py, `
   (tuner/policy/ablation.py), no (p, r) posterior and no task mix;
 - specpilot:no-schedules: no synthesised per-batch K schedules;
 - specpilot:averaged-prefill: prefill spread over every step, not priced in lumps of the
-  measured mean prompt (`TunerSettings.lumpy_prefill`).
-Exploration is not among them: the bench's deployments have no canary, and the control loop
-lets the tuner explore only where a trial runs on one (operator/loop.py);
-`specpilot:no-exploration` paid for itself in none of 90 world runs
-(`git show d04e071:bench/results/ablations.md`).
+  measured mean prompt (`TunerSettings.lumpy_prefill`);
+- specpilot:no-exploration: no trials. The control loop lets the tuner explore only where a
+  trial runs on a canary (operator/loop.py), so this differs from the full tuner only in the
+  4-replica run (`poisson-vllm-4x-one-at-a-time`); with trials on all of the traffic it paid
+  for itself in none of 90 one-replica world runs (`git show d04e071:bench/results/ablations.md`).
 Writes bench/results/ablations-NAME.json (the bench's report: commit, command, seeds) and
 ablations.md: per run, each policy's median-world figures and, per world, the mean E2E latency
 of each ablation over the full tuner's (above 1: the component paid for itself in that world).
@@ -41,16 +41,23 @@ RUNS: dict[str, list[str]] = {
     # The Azure trace is chat alone: the task mix moving (chat -> code -> summarize -> chat at
     # 6 req/s) is what exercises what the posterior adds over a moving average.
     "taskmix-vllm": ["--trace", "bench/traces/taskmix.csv", *VLLM, "--rollout", "surge"],
-}
+    # Four replicas: a trial runs on a fifth, the canary, at a fifth of the traffic.
+    "poisson-vllm-4x-one-at-a-time": [
+        "--trace", AZURE, "--poisson", "0.1:1.3:7", *VLLM, "--replicas", "4",
+        "--rollout", "one-at-a-time",
+    ],
+}  # fmt: skip
 
 
 def per_world_ratios(report: dict[str, Any]) -> dict[str, list[float]]:
-    """Per ablation, its mean E2E latency over the full tuner's in each (traffic, world)."""
-    ratios: dict[str, list[float]] = {name: [] for name in ABLATIONS}
+    """Per ablation the report ran, its mean E2E latency over the full tuner's in each
+    (traffic, world)."""
+    ran = {p["policy"] for p in report["summary"]}
+    ratios: dict[str, list[float]] = {name: [] for name in ABLATIONS if name in ran}
     for traffic in report["traffics"]:
         for world in traffic["worlds"]:
             full = world["policies"][SPECPILOT]["e2el_ms_mean"]
-            for name in ABLATIONS:
+            for name in ratios:
                 ablated = world["policies"][name]["e2el_ms_mean"]
                 ratios[name].append(round(ablated / full, 4) if full > 0 else float("nan"))
     return ratios

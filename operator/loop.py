@@ -5,12 +5,15 @@ for a decision, applies a switch through the actuator and records what happened;
 engine cannot start is rolled back to the previous config and that config is not tried again
 for `failed_backoff_s`. The tuner explores only where a trial costs a share of the traffic:
 through `TrialActuator.apply_trial` while the actuator has a canary to run it on
-(`canary_available`); elsewhere its exploration weight is 0 (a trial on all of the traffic
-paid for itself in none of the bench's 90 world runs:
-`git show d04e071:bench/results/ablations.md`). Only an `Exception` from `apply` counts as a
-refusal: a BaseException (the operator stopping mid-rollout) passes through untouched, the
-switch left in flight and nothing rolled back or backed off. The loop owns no clock: `now`
-comes from the caller.
+(`canary_share`, which the tuner's `trial_share` prices the trial at); elsewhere its
+exploration weight is 0 (a trial on all of the traffic paid for itself in none of the bench's
+90 world runs: `git show d04e071:bench/results/ablations.md`). What a trial's canary served
+(`trial_observation`) is folded into the state whether or not it was promoted
+(`tuner.learn_trial`), and the decision's reason says what it taught; a canary is promoted
+only if, that learned, the tuner would choose its config (`tuner.judge_trial`). Only an `Exception`
+from `apply` counts as a refusal: a BaseException (the operator stopping mid-rollout) passes
+through untouched, the switch left in flight and nothing rolled back or backed off. The loop
+owns no clock: `now` comes from the caller.
 
 With `goodput_tolerance` set, a switch is also checked on the first window after it: when the
 measured per-sequence speed (tokens/s over running requests) falls short of the prediction (the
@@ -34,6 +37,8 @@ from specpilot.tuner import (
     TunerSettings,
     TunerState,
     decide,
+    judge_trial,
+    learn_trial,
 )
 
 
@@ -44,16 +49,28 @@ class Actuator(Protocol):
     def observe(self, window_s: float) -> Observation: ...
 
 
+TrialJudge = Callable[[Observation], str | None]
+"""What a trial's canary served -> why not to promote it (None: promote)."""
+
+
 @runtime_checkable
 class TrialActuator(Protocol):
-    """An actuator that can measure a trial at less risk than a switch (the Kubernetes one: a
-    one-replica canary beside the main pods); the loop applies the tuner's trials through it."""
+    """An actuator that can measure a trial at less risk than a switch (the Kubernetes one and
+    the bench's emulated Deployment: a one-replica canary beside the main replicas); the loop
+    applies the tuner's trials through it."""
 
-    def apply_trial(self, config: SpecConfig) -> None:
-        """Run `config` as a trial; raise, leaving the running config, if it disappoints."""
+    def apply_trial(self, config: SpecConfig, judge: TrialJudge | None = None) -> None:
+        """Run `config` as a trial; raise, leaving the running config, if it disappoints: if
+        its canary is slower than the main replicas, or `judge` (given what the canary served)
+        says why not to promote it."""
 
-    def canary_available(self) -> bool:
-        """Whether a trial would run now on a canary, at a share of the traffic."""
+    def canary_share(self) -> float | None:
+        """The share of the traffic a trial would run on now (a one-replica canary beside N
+        main replicas: 1/(N+1)); None where there is no canary to run it on."""
+
+    def trial_observation(self) -> Observation | None:
+        """What the last trial's canary served over its comparison window (None: no canary
+        ran, or it measured nothing)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,15 +130,20 @@ class ControlLoop:
 
     def _decide_and_act(self, observation: Observation, now: float) -> TickRecord:
         settings = self._without_failed(now)
-        if not self._canary_available():
-            settings = replace(settings, exploration=0.0)
+        share = self._canary_share()
+        settings = (
+            replace(settings, exploration=0.0)
+            if share is None
+            else replace(settings, trial_share=share)
+        )
         previous = self.state
         decision, state = decide(observation, self.state, settings, self.cost, now)
         record = TickRecord(now, observation, decision, applied=False)
         if decision.config != previous.current:
             try:
                 if decision.trial and isinstance(self.actuator, TrialActuator):
-                    self.actuator.apply_trial(decision.config)
+                    judge = self._trial_judge(observation, previous, settings, decision.config, now)
+                    self.actuator.apply_trial(decision.config, judge)
                 else:
                     self.actuator.apply(decision.config)
                 self.state = state
@@ -132,9 +154,42 @@ class ControlLoop:
                 self._roll_back_to(previous.current)
                 self.state = replace(state, current=previous.current)
                 record = replace(record, error=f"{type(exc).__name__}: {exc}"[:500])
+            if decision.trial:
+                record = self._learn_from_trial(record, settings, now)
         else:
             self.state = state
         return record
+
+    def _trial_judge(
+        self,
+        observation: Observation,
+        before: TunerState,
+        settings: TunerSettings,
+        config: SpecConfig,
+        now: float,
+    ) -> TrialJudge:
+        """The tuner's verdict on a canary: would it, having learned what the canary served,
+        move the main replicas to `config` on this tick's window (`tuner.judge_trial`)."""
+
+        def judge(served: Observation) -> str | None:
+            return judge_trial(observation, served, config, before, settings, self.cost, now)
+
+        return judge
+
+    def _learn_from_trial(
+        self, record: TickRecord, settings: TunerSettings, now: float
+    ) -> TickRecord:
+        """Fold what the trial's canary served into the state (promoted or not, it measured
+        the config) and say so in the decision's reason."""
+        if not isinstance(self.actuator, TrialActuator):
+            return record
+        served = self.actuator.trial_observation()
+        if served is None:
+            return record
+        config = record.decision.config
+        self.state, learned = learn_trial(served, config, self.state, settings, self.cost, now)
+        decision = replace(record.decision, reason=f"{record.decision.reason}; {learned}")
+        return replace(record, decision=decision)
 
     def _pending_check(
         self, before: Observation, decision: Decision, previous: SpecConfig
@@ -191,8 +246,8 @@ class ControlLoop:
         finally:
             self.rolling_back = False
 
-    def _canary_available(self) -> bool:
-        return isinstance(self.actuator, TrialActuator) and self.actuator.canary_available()
+    def _canary_share(self) -> float | None:
+        return self.actuator.canary_share() if isinstance(self.actuator, TrialActuator) else None
 
     def _without_failed(self, now: float) -> TunerSettings:
         blocked = {c for c, t in self._failed.items() if now - t < self.failed_backoff_s}

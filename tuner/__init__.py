@@ -22,7 +22,14 @@ from specpilot.tuner._model.hardware import (
 from specpilot.tuner._model.step_cost import StepCost
 from specpilot.tuner._model.surrogate import Surrogate
 from specpilot.tuner.observation import Observation
-from specpilot.tuner.policy import DEFAULT_MAX_BATCH, Decision, TunerSettings, decide
+from specpilot.tuner.policy import (
+    DEFAULT_MAX_BATCH,
+    Decision,
+    TunerSettings,
+    decide,
+    judge_trial,
+    learn_trial,
+)
 from specpilot.tuner.priors import (
     TASKS,
     Task,
@@ -67,6 +74,8 @@ __all__ = [
     "decide",
     "get_gpu",
     "get_profile",
+    "judge_trial",
+    "learn_trial",
     "p_for_length",
     "prior_curves",
 ]

@@ -18,8 +18,9 @@ Contract (operator/loop.py `Actuator`, plus what rollouts need):
   speed (tokens/s over running requests: the Service spreads requests evenly, so every pod
   generates about the same tokens/s whatever its speed, and speed shows in how long each
   request stays). The canary is promoted (main template patched and followed, canary
-  deleted) unless it is slower than the main pods by more than `canary_tolerance`; then it is
-  deleted and `CanaryRejected` raised (the loop backs off).
+  deleted) unless it is slower than the main pods by more than `canary_tolerance`, or a trial's
+  `judge` (the tuner, given the canary pods' window) says why not; then it is deleted and
+  `CanaryRejected` raised (the loop backs off).
 - `observe(window_s)` reads the Ready main pods' engine metrics over the window through a
   `PodWindowSource` (direct scrape of pod IP:port/metrics, or PromQL) and returns one
   Observation (runtime/metrics.observe); `last_canary` keeps the last per-pod comparison.
@@ -35,7 +36,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
 
 from specpilot.operator.api.names import CONFIG_ANNOTATION
@@ -123,6 +124,9 @@ class KubeActuator:
     """The config the main Deployment runs: read from it on the first `apply`, then the last
     successfully applied one."""
     last_canary: CanaryResult | None = None
+    last_canary_observation: Observation | None = None
+    """The canary pods' own Observation over the last comparison window (the tuner learns
+    the canary's config from it: `trial_observation`)."""
     rollouts: int = 0
     """Template patches made (a rollback counts as one)."""
 
@@ -133,23 +137,38 @@ class KubeActuator:
     def apply(self, config: SpecConfig) -> None:
         self._apply(config, canary=self.canary)
 
-    def apply_trial(self, config: SpecConfig) -> None:
+    def apply_trial(
+        self, config: SpecConfig, judge: Callable[[Observation], str | None] | None = None
+    ) -> None:
         """A trial goes through the canary whether or not the spec asks for canaries: with two
         or more main replicas it runs at one replica's share of the traffic, and one that
         disappoints raises CanaryRejected with the main pods untouched."""
-        self._apply(config, canary=True)
+        self._apply(config, canary=True, judge=judge)
 
-    def canary_available(self) -> bool:
-        """Whether a trial would run on a canary now: the main Deployment has two or more
-        replicas (with one, `apply_trial` rolls the main pods at all of the traffic). An API
-        that cannot tell counts as no: the tuner then just does not explore this window."""
+    def canary_share(self) -> float | None:
+        """The share of the traffic a trial's canary would take now: 1/(N+1) beside N >= 2 main
+        replicas (the Service spreads requests evenly over the pods); None with one (there
+        `apply_trial` rolls the main pods at all of the traffic). An API that cannot tell
+        counts as no canary: the tuner then just does not explore this window."""
         try:
             live = self._call(lambda: self.api.read_deployment(self.namespace, self.name))
         except Exception:
-            return False
-        return live is not None and _replicas(live) >= 2
+            return None
+        if live is None or _replicas(live) < 2:
+            return None
+        return 1.0 / (_replicas(live) + 1)
 
-    def _apply(self, config: SpecConfig, *, canary: bool) -> None:
+    def trial_observation(self) -> Observation | None:
+        """The canary pods' window from the last canary comparison (None before any)."""
+        return self.last_canary_observation
+
+    def _apply(
+        self,
+        config: SpecConfig,
+        *,
+        canary: bool,
+        judge: Callable[[Observation], str | None] | None = None,
+    ) -> None:
         main = self.render(config, "main")
         live = self._call(lambda: self.api.read_deployment(self.namespace, self.name))
         if self.config is None and live is not None:
@@ -159,7 +178,7 @@ class KubeActuator:
         canary = changes and canary and config != self.config
         try:
             if canary and live is not None and _replicas(live) >= 2:
-                self._try_canary(config)
+                self._try_canary(config, judge)
             self._roll(self.name, "main", main, live, config)
         finally:
             # promoted or failed
@@ -224,11 +243,19 @@ class KubeActuator:
                 raise RolloutError(message)
             self.sleep(self.poll_s)
 
-    def _try_canary(self, config: SpecConfig) -> None:
+    def _try_canary(
+        self, config: SpecConfig, judge: Callable[[Observation], str | None] | None
+    ) -> None:
         desired = self.render(config, "canary")
         live = self._call(lambda: self.api.read_deployment(self.namespace, self.canary_name))
         self._roll(self.canary_name, "canary", desired, live, config)  # apply() deletes it after
         result = self._compare(config, desired)
+        served = self.last_canary_observation
+        why_not = judge(served) if result.promoted and judge and served else None
+        if why_not is not None:
+            result = replace(
+                result, promoted=False, reason=f"canary {config.describe()} rejected: {why_not}"
+            )
         self.last_canary = result
         self._notify("CanaryPromoted" if result.promoted else "CanaryRejected", result.reason)
         if not result.promoted:
@@ -242,6 +269,8 @@ class KubeActuator:
         )
         per_pod = observe_per_pod(self.engine, stats)
         canary_names = {t.name for t in canary_targets}
+        canary_stats = [s for s in stats if s.pod in canary_names]
+        self.last_canary_observation = observe(self.engine, canary_stats) if canary_stats else None
         canary_speed = _sequence_speed(per_pod, canary_names)
         main_speed = _sequence_speed(per_pod, set(per_pod) - canary_names)
         if canary_speed is None or main_speed is None:

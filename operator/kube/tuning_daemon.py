@@ -49,7 +49,13 @@ from specpilot.operator.kube.retry import with_retries
 from specpilot.operator.kube.status import EVENT_REASONS, post_event, tick_status, write_status
 from specpilot.operator.kube.url_policy import FIELD as URL_FIELD
 from specpilot.operator.kube.url_policy import UrlAllowList
-from specpilot.operator.loop import Actuator, ControlLoop, TickRecord, TrialActuator
+from specpilot.operator.loop import (
+    Actuator,
+    ControlLoop,
+    TickRecord,
+    TrialActuator,
+    TrialJudge,
+)
 from specpilot.runtime.promql import PromQLError, PromQLReader
 from specpilot.tuner import (
     DEFAULT_MAX_BATCH,
@@ -170,15 +176,18 @@ class _Announcing:
         self._on_apply(config, False)
         self._inner.apply(config)
 
-    def apply_trial(self, config: SpecConfig) -> None:
+    def apply_trial(self, config: SpecConfig, judge: TrialJudge | None = None) -> None:
         self._on_apply(config, True)
         if isinstance(self._inner, TrialActuator):
-            self._inner.apply_trial(config)
+            self._inner.apply_trial(config, judge)
         else:
             self._inner.apply(config)
 
-    def canary_available(self) -> bool:
-        return isinstance(self._inner, TrialActuator) and self._inner.canary_available()
+    def canary_share(self) -> float | None:
+        return self._inner.canary_share() if isinstance(self._inner, TrialActuator) else None
+
+    def trial_observation(self) -> Observation | None:
+        return self._inner.trial_observation() if isinstance(self._inner, TrialActuator) else None
 
     def observe(self, window_s: float) -> Observation:
         return self._inner.observe(window_s)

@@ -22,6 +22,14 @@ is the simulated time.
 - A stopped replica's requests in flight (and those queued on it) are retried by the client
   from the start on another replica, and keep their original arrival time, so their wait
   counts in their latency; tokens streamed before the stop are lost to the user.
+- Trials (`TrialActuator`: `apply_trial`, `canary_share`, `trial_observation`), as
+  `KubeActuator` runs them: with two or more replicas a trial's config first runs on one extra
+  replica (the canary, its share of the traffic through the same balancer), which is compared
+  with the main replicas over `canary_window_s` by per-sequence speed (tokens over the integral
+  of the decode batch); it is then stopped (its requests retried elsewhere) and the config
+  rolled out as `apply` does unless it was slower than the main replicas by more than
+  `canary_tolerance` or the trial's `judge` says why not: then `CanaryRejected` is raised and
+  the main replicas are untouched. With one replica a trial is an `apply`.
 - Every request is kept: `records(end_s)` returns them all for the serving metrics, those not
   finished by `end_s` as failed.
 """
@@ -80,6 +88,10 @@ class _WindowTotals:
         self.batch_time[replica_id] = self.batch_time.get(replica_id, 0.0) + progress.batch_time
 
 
+class CanaryRejected(RuntimeError):
+    """The canary served slower per sequence than the main replicas beyond the tolerance."""
+
+
 class EmulatedDeployment:
     def __init__(
         self,
@@ -94,6 +106,8 @@ class EmulatedDeployment:
         start_time_s: float = 60.0,
         seed: int = 0,
         max_num_seqs: int | None = None,
+        canary_window_s: float = 60.0,
+        canary_tolerance: float = 0.05,
     ) -> None:
         if replicas < 1:
             raise ValueError(f"replicas={replicas}: allowed 1 or more")
@@ -126,6 +140,13 @@ class EmulatedDeployment:
             self._start_replica(config, ready_at=0.0)
         self._window = _WindowTotals()
         self._window_start = 0.0
+        self.canary_window_s = canary_window_s
+        self.canary_tolerance = canary_tolerance
+        self.canaries = 0
+        """Trials run on a canary (promoted or not)."""
+        self._canary: int | None = None
+        self._canary_window: _WindowTotals | None = None
+        self._trial: Observation | None = None
 
     # -- the Actuator protocol ------------------------------------------------------------
 
@@ -157,7 +178,57 @@ class EmulatedDeployment:
         """Serve the next `window_s` seconds and report them as a scrape would."""
         self._window, self._window_start = _WindowTotals(), self.now
         self.run_until(self.now + window_s)
-        return self._observation(self.now - self._window_start)
+        return self._observation(self._window, self.now - self._window_start, self._ready())
+
+    # -- the TrialActuator protocol -------------------------------------------------------
+
+    def canary_share(self) -> float | None:
+        """1/(N+1) beside N >= 2 replicas: the balancer spreads the load over the canary too."""
+        replicas = len(self._replicas)
+        return 1.0 / (replicas + 1) if replicas >= 2 else None
+
+    def trial_observation(self) -> Observation | None:
+        return self._trial
+
+    def apply_trial(
+        self, config: SpecConfig, judge: Callable[[Observation], str | None] | None = None
+    ) -> None:
+        """Run `config` on a canary beside the main replicas, then roll it out or raise."""
+        if config == self.config:
+            return
+        if self.canary_share() is None:
+            self.apply(config)
+            return
+        started = self.now
+        canary = self._start_replica(config, ready_at=self.now + self.start_time_s)
+        self.run_until(self._replicas[canary].ready_at)
+        main, measured = _WindowTotals(), _WindowTotals()
+        self._window, self._canary, self._canary_window = main, canary, measured
+        window_start = self.now
+        self.run_until(self.now + self.canary_window_s)
+        span = self.now - window_start
+        self._canary, self._canary_window = None, None
+        replica = self._replicas[canary]
+        self._trial = self._observation(measured, span, [(canary, replica)])
+        self._stop_replica(canary)
+        self.canaries += 1
+        self.rollout_s += self.now - started
+        canary_speed, main_speed = _sequence_speed(measured), _sequence_speed(main)
+        if canary_speed is None or main_speed is None:
+            raise CanaryRejected(
+                f"canary {config.describe()}: no load to compare (canary {canary_speed}, "
+                f"main {main_speed} tok/s per sequence); not promoted"
+            )
+        if canary_speed < main_speed * (1.0 - self.canary_tolerance):
+            raise CanaryRejected(
+                f"canary {config.describe()} rejected: {canary_speed:.1f} tok/s per sequence "
+                f"vs {main_speed:.1f} on the main replicas "
+                f"({canary_speed / main_speed - 1:+.1%}, tolerance {self.canary_tolerance:.0%})"
+            )
+        why_not = judge(self._trial) if judge is not None else None
+        if why_not is not None:
+            raise CanaryRejected(f"canary {config.describe()} rejected: {why_not}")
+        self.apply(config)
 
     # -- simulation -----------------------------------------------------------------------
 
@@ -201,7 +272,10 @@ class EmulatedDeployment:
                 continue
             end, progress = replica.core.advance(start, until)
             replica.clock = end
-            self._window.add(rid, progress)
+            if rid == self._canary and self._canary_window is not None:
+                self._canary_window.add(rid, progress)
+            else:
+                self._window.add(rid, progress)
             if len(progress.itl_gaps):
                 self.itl.add_many(progress.itl_gaps, progress.itl_weights)
 
@@ -247,10 +321,11 @@ class EmulatedDeployment:
         for request in orphans:
             self._dispatch(request)
 
-    def _observation(self, window_s: float) -> Observation:
-        w = self._window
+    def _observation(
+        self, w: _WindowTotals, window_s: float, ready: list[tuple[int, _Replica]]
+    ) -> Observation:
+        """What a scrape of the `ready` replicas over `w` would report."""
         served = [t / window_s for t in w.batch_time.values()] if window_s > 0 else []
-        ready = self._ready()
         kv = [r.core.kv_usage for _, r in ready]
         return Observation(
             engine=self.engine,
@@ -280,3 +355,9 @@ class EmulatedDeployment:
             ),
             requests_per_s=w.finished / window_s if w.finished and window_s > 0 else None,
         )
+
+
+def _sequence_speed(w: _WindowTotals) -> float | None:
+    """Tokens per second per running request: tokens over the integral of the decode batch."""
+    held = sum(w.batch_time.values())
+    return w.tokens / held if w.tokens and held > 0 else None

@@ -21,6 +21,7 @@ from specpilot.operator.kube.actuator import KubeActuator, for_spec
 from specpilot.operator.kube.client import KubeRest
 from specpilot.operator.kube.pod_metrics import ScrapeSource
 from specpilot.operator.kube.tuning_daemon import forget
+from specpilot.operator.loop import TrialJudge
 from specpilot.tuner import Observation, SpecConfig
 
 SPD_PATH = "/apis/specpilot.io/v1alpha1/namespaces/default/specdeployments"
@@ -140,11 +141,14 @@ class RealRollouts:
     def apply(self, config: SpecConfig) -> None:
         self.inner.apply(config)
 
-    def apply_trial(self, config: SpecConfig) -> None:
-        self.inner.apply_trial(config)
+    def apply_trial(self, config: SpecConfig, judge: TrialJudge | None = None) -> None:
+        self.inner.apply_trial(config, judge)
 
-    def canary_available(self) -> bool:
-        return self.inner.canary_available()
+    def canary_share(self) -> float | None:
+        return self.inner.canary_share()
+
+    def trial_observation(self) -> Observation | None:
+        return self.inner.trial_observation()
 
     def observe(self, window_s: float) -> Observation:
         self.observed += 1

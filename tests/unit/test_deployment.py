@@ -1,7 +1,8 @@
 """The emulated Deployment (runtime/emulator/deployment.py) in simulated time: the balancer
 spreads arrivals over ready replicas, each rollout mode keeps (or loses) the capacity it should,
 requests in flight on a stopped replica are retried from the start with their wait counted, and
-`observe` reports a window as a scrape of the ready replicas would. No wall clock anywhere."""
+`observe` reports a window as a scrape of the ready replicas would, and a trial runs on a canary
+beside two or more replicas as the Kubernetes actuator runs it. No wall clock anywhere."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from collections.abc import Iterator
 import pytest
 
 from specpilot.runtime.emulator.core import Request
-from specpilot.runtime.emulator.deployment import EmulatedDeployment
-from specpilot.tuner import SpecConfig, StepCost, acceptance_curve
+from specpilot.runtime.emulator.deployment import CanaryRejected, EmulatedDeployment
+from specpilot.tuner import AcceptanceCurve, Observation, SpecConfig, StepCost, acceptance_curve
 
 COST = StepCost.for_hardware("H100", "llama-3.1-8b")
 EAGLE3 = SpecConfig(method="eagle3", num_speculative_tokens=3, draft_model="d")
@@ -128,3 +129,63 @@ def test_bad_settings_are_refused_with_the_allowed_values() -> None:
         deployment(replicas=0)
     with pytest.raises(ValueError, match=r"surge \| one-at-a-time \| restart"):
         deployment(rollout="blue-green")
+
+
+def test_a_trial_runs_on_a_canary_beside_the_replicas_and_is_promoted_when_it_keeps_pace() -> None:
+    d = deployment(replicas=2, arrivals=steady(8.0, 900.0))
+    assert d.canary_share() == pytest.approx(1 / 3)
+    d.observe(60.0)
+    d.apply_trial(EAGLE3)
+    # a canary start, its comparison window, then the rollout of both replicas (surge-free
+    # "restart" rollout here: the default)
+    assert d.config == EAGLE3 and d.restarts == 1 and d.canaries == 1
+    served = d.trial_observation()
+    assert served is not None and served.pods == ("replica-2",)
+    assert served.acceptance_length is not None and served.acceptance_length > 1.5
+    assert served.generation_tokens_per_s is not None and served.generation_tokens_per_s > 0
+    assert sorted(rid for rid, _ in d._ready()) == [3, 4]  # the canary is gone
+
+
+def test_a_canary_slower_than_the_replicas_is_rejected_and_leaves_them_untouched() -> None:
+    # a drafter that is nearly always wrong: every verify step costs more and gains nothing
+    d = deployment(
+        replicas=2,
+        arrivals=steady(8.0, 900.0),
+        acceptance=lambda method, task: AcceptanceCurve(0.02, 0.5),
+    )
+    d.observe(60.0)
+    finished_before = sum(1 for r in d.records() if r.finished_s is not None)
+    with pytest.raises(CanaryRejected, match="rejected"):
+        d.apply_trial(EAGLE3)
+    assert d.config == SpecConfig() and d.restarts == 0 and d.canaries == 1
+    assert sorted(rid for rid, _ in d._ready()) == [0, 1]
+    served = d.trial_observation()
+    assert served is not None and served.acceptance_length is not None
+    assert served.acceptance_length < 1.1
+    # the main replicas kept serving through the trial (start + window: 120 s at 8 req/s)
+    assert sum(1 for r in d.records() if r.finished_s is not None) > finished_before + 600
+
+
+def test_with_one_replica_a_trial_is_a_rollout() -> None:
+    d = deployment(replicas=1)
+    assert d.canary_share() is None
+    d.observe(60.0)
+    d.apply_trial(EAGLE3)
+    assert d.config == EAGLE3 and d.restarts == 1 and d.canaries == 0
+    assert d.trial_observation() is None
+
+
+def test_a_canary_the_judge_turns_down_is_rejected_with_its_reason() -> None:
+    d = deployment(replicas=2, arrivals=steady(8.0, 900.0))
+    d.observe(60.0)
+    judged: list[float | None] = []
+
+    def judge(served: Observation) -> str | None:
+        judged.append(served.acceptance_length)
+        return "its capacity falls short of the load ahead"
+
+    with pytest.raises(CanaryRejected, match="falls short of the load ahead"):
+        d.apply_trial(EAGLE3, judge)
+    # the judge saw the canary's own window, and the main replicas never left their config
+    assert len(judged) == 1 and judged[0] is not None and judged[0] > 1.5
+    assert d.config == SpecConfig() and d.restarts == 0 and d.canaries == 1

@@ -21,7 +21,7 @@ from specpilot.operator.kube.actuator import (
 )
 from specpilot.operator.kube.pod_metrics import PodTarget, pod_target
 from specpilot.operator.kube.rollout import rollout_status
-from specpilot.operator.loop import Actuator, ControlLoop
+from specpilot.operator.loop import Actuator, ControlLoop, TrialJudge
 from specpilot.runtime.engine_metrics import WindowStats
 from specpilot.tuner import (
     Observation,
@@ -391,6 +391,9 @@ def test_a_trial_runs_on_a_canary_even_where_the_spec_asks_for_none() -> None:
     act.apply_trial(EAGLE)
     assert act.last_canary is not None and act.last_canary.promoted
     assert "llm-canary" in cluster.deleted and act.config == EAGLE
+    # what the canary pod alone served, for the tuner to learn the trial's config from
+    served = act.trial_observation()
+    assert served is not None and served.generation_tokens_per_s == pytest.approx(150.0)
     # a disappointing trial never touches the main pods: the canary alone measured it
     act.metrics = PerPodMetrics(
         lambda t: 50.0 if t.config and t.config["method"] == "ngram" else 100.0
@@ -398,8 +401,21 @@ def test_a_trial_runs_on_a_canary_even_where_the_spec_asks_for_none() -> None:
     with pytest.raises(CanaryRejected):
         act.apply_trial(SpecConfig(method="ngram", num_speculative_tokens=3))
     assert act.config == EAGLE and cluster.patches == ["llm"]
-    # a switch that is not a trial follows the spec: no canary
+    rejected = act.trial_observation()
+    assert rejected is not None and rejected.generation_tokens_per_s == pytest.approx(50.0)
+    # a canary as fast as the main pods that the tuner, having seen it, would not choose
     act.metrics = faster
+    seen: list[Observation] = []
+
+    def judge(served: Observation) -> str | None:
+        seen.append(served)
+        return "the tuner stays"
+
+    with pytest.raises(CanaryRejected, match="the tuner stays"):
+        act.apply_trial(replace(EAGLE, num_speculative_tokens=2), judge)
+    assert act.config == EAGLE and cluster.patches == ["llm"] and len(seen) == 1
+    assert act.last_canary is not None and not act.last_canary.promoted
+    # a switch that is not a trial follows the spec: no canary
     act.apply(SpecConfig())
     assert cluster.patches == ["llm", "llm"] and "llm-canary" not in cluster.deployments
 
@@ -410,12 +426,15 @@ class TrialRecordingActuator(ScriptedActuator):
     batch: float = 2.0
     canary: bool = True
 
-    def apply_trial(self, config: SpecConfig) -> None:
+    def apply_trial(self, config: SpecConfig, judge: TrialJudge | None = None) -> None:
         self.trials.append(config)
         self.applied.append(config)
 
-    def canary_available(self) -> bool:
-        return self.canary
+    def canary_share(self) -> float | None:
+        return 0.25 if self.canary else None
+
+    def trial_observation(self) -> Observation | None:
+        return None
 
     def observe(self, window_s: float) -> Observation:
         served = super().observe(window_s)
@@ -460,6 +479,88 @@ def test_the_loop_sends_the_tuners_trials_through_apply_trial() -> None:
     assert isinstance(sure.actuator, TrialRecordingActuator) and sure.actuator.trials == []
 
 
+@dataclass
+class RejectingCanary(TrialRecordingActuator):
+    """Every trial's canary is rejected after serving a window in which n-gram drafted well
+    (acceptance length 3.4 at K=3: repetitive traffic the chat prior does not expect)."""
+
+    def apply_trial(self, config: SpecConfig, judge: TrialJudge | None = None) -> None:
+        self.trials.append(config)
+        raise RuntimeError(f"canary {config.describe()} rejected")
+
+    def trial_observation(self) -> Observation | None:
+        return Observation(
+            engine="vllm", window_s=60.0, pods=("canary",), acceptance_length=3.4,
+            acceptance_rate=2.4 / 3, acceptance_per_position=(0.92, 0.8, 0.68), drafts=6000.0,
+            running_requests=1.0, waiting_requests=0.0, kv_cache_usage=0.1,
+            generation_tokens_per_s=118.0, tpot_p50_s=None, tpot_p95_s=None, ttft_p95_s=None,
+        )  # fmt: skip
+
+
+def test_what_a_rejected_canary_served_is_learned_and_named_in_the_reason() -> None:
+    act = RejectingCanary({"none": 115.0, "ngram": 115.0}, batch=1.0)
+    loop = _ngram_trial_loop(act)
+    loop.start()
+    before = loop.state.acceptance_curves()["ngram"].expected_length(3)
+    record = loop.tick(100.0)
+    assert act.trials == [NGRAM] and record.error is not None and not record.applied
+    assert loop.state.current == SpecConfig()  # the main replicas never left it
+    after = loop.state.acceptance_curves()["ngram"].expected_length(3)
+    assert before < 2.0 < 2.5 < after, (before, after)
+    assert "the canary ran ngram K=3 at batch 1.0" in record.decision.reason
+    assert f"acceptance length {before:.2f} -> {after:.2f}" in record.decision.reason
+
+
+@dataclass
+class JudgedCanary(TrialRecordingActuator):
+    """A canary that serves `served` and is promoted exactly when the judge says so."""
+
+    served: Observation | None = None
+    verdicts: list[str | None] = field(default_factory=list)
+
+    def apply_trial(self, config: SpecConfig, judge: TrialJudge | None = None) -> None:
+        assert judge is not None and self.served is not None
+        self.trials.append(config)
+        verdict = judge(self.served)
+        self.verdicts.append(verdict)
+        if verdict is not None:
+            raise RuntimeError(verdict)
+        self.applied.append(config)
+
+    def trial_observation(self) -> Observation | None:
+        return self.served
+
+
+def _canary_window(shares: tuple[float, float, float], tokens_per_s: float) -> Observation:
+    """A canary's window of ngram K=3 with vLLM's per-position shares (accepted at i / drafts)."""
+    length = 1.0 + sum(shares)
+    return Observation(
+        engine="vllm", window_s=60.0, pods=("canary",), acceptance_length=length,
+        acceptance_rate=(length - 1) / 3, acceptance_per_position=shares, drafts=6000.0,
+        running_requests=1.0, waiting_requests=0.0, kv_cache_usage=0.1,
+        generation_tokens_per_s=tokens_per_s, tpot_p50_s=None, tpot_p95_s=None,
+        ttft_p95_s=None,
+    )  # fmt: skip
+
+
+def test_a_canary_is_promoted_only_when_what_it_served_makes_the_tuner_choose_it() -> None:
+    fast = JudgedCanary({"none": 115.0, "ngram": 115.0}, batch=1.0)
+    fast.served = _canary_window((0.92, 0.8, 0.68), 300.0)  # 3.4 a step, 2.6x the main pods
+    loop = _ngram_trial_loop(fast)
+    loop.start()
+    promoted = loop.tick(100.0)
+    assert fast.verdicts == [None] and promoted.applied and loop.state.current == NGRAM
+    slow = JudgedCanary({"none": 115.0, "ngram": 115.0}, batch=1.0)
+    slow.served = _canary_window((0.045, 0.004, 0.001), 80.0)  # 1.05 a step, slower than main
+    loop = _ngram_trial_loop(slow)
+    loop.start()
+    rejected = loop.tick(100.0)
+    (verdict,) = slow.verdicts
+    assert verdict is not None and verdict.startswith("with what the canary taught")
+    assert not rejected.applied and loop.state.current == SpecConfig()
+    assert rejected.error is not None and "with what the canary taught" in rejected.error
+
+
 def test_without_a_canary_the_loop_does_not_explore() -> None:
     # the same window as above: with no canary to run it on (one replica), a trial would take
     # all the traffic, and the tuner stays
@@ -474,7 +575,7 @@ def test_without_a_canary_the_loop_does_not_explore() -> None:
 def test_the_kube_actuator_has_a_canary_with_two_replicas_or_more() -> None:
     cluster = FakeCluster()
     act = actuator(cluster)
-    assert act.canary_available() is False  # no Deployment yet
-    for replicas, expected in ((1, False), (2, True), (4, True)):
+    assert act.canary_share() is None  # no Deployment yet
+    for replicas, expected in ((1, None), (2, 1 / 3), (4, 1 / 5)):
         cluster.deployments["llm"] = deployment(SpecConfig(), replicas=replicas, role="main")
-        assert act.canary_available() is expected
+        assert act.canary_share() == expected

@@ -14,7 +14,9 @@ and the next `TunerState`, and reads no clock (time is `now`, seconds). It
   expected improvement (its predicted throughput taken as log-normal with the surrogate's
   uncertainty) whose pessimistic prediction is within `max_downside` of the current config,
   if that improvement over the dwell pays for the restart (and the one undoing a failed
-  trial would cost).
+  trial would cost); on a canary (`trial_share` below 1) the loss counts at the canary's
+  share of the traffic, `learn_trial` folds what the canary served into the state, and
+  `judge_trial` promotes the canary only if, with that learned, the tuner would choose it.
 Every decision carries a one-line reason, the predicted gain and the regime.
 
 One tick is three steps, each its own module, composed by `decision.decide`:
@@ -28,7 +30,16 @@ One tick is three steps, each its own module, composed by `decision.decide`:
 
 from __future__ import annotations
 
-from specpilot.tuner.policy.decision import Action, Decision, decide
+from specpilot.tuner.policy.decision import Action, Decision, decide, judge_trial
+from specpilot.tuner.policy.learn import learn_trial
 from specpilot.tuner.policy.settings import DEFAULT_MAX_BATCH, TunerSettings
 
-__all__ = ["DEFAULT_MAX_BATCH", "Action", "Decision", "TunerSettings", "decide"]
+__all__ = [
+    "DEFAULT_MAX_BATCH",
+    "Action",
+    "Decision",
+    "TunerSettings",
+    "decide",
+    "judge_trial",
+    "learn_trial",
+]

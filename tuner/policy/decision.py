@@ -5,6 +5,8 @@ Contract: `decide(observation, state, settings, cost, now)` returns a `Decision`
 window lacks what it needs, stays when `propose` finds nothing better or `gate` says not now,
 and otherwise switches (or turns speculation off), restarting the dwell and spending a restart;
 leaving a speculative method for capacity, it records what that method served.
+`judge_trial(main, canary, config, state, settings, cost, now)` says whether a trial's canary
+earns its promotion once what it served is learned.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from specpilot.tuner._model.step_cost import StepCost
 from specpilot.tuner._model.surrogate import Prediction
 from specpilot.tuner.observation import Observation
 from specpilot.tuner.policy.gate import gate, recent_restarts
-from specpilot.tuner.policy.learn import learn
+from specpilot.tuner.policy.learn import learn, learn_trial
 from specpilot.tuner.policy.propose import acceptance_note, propose
 from specpilot.tuner.policy.settings import TunerSettings
 from specpilot.tuner.spec_config import SpecConfig
@@ -84,6 +86,33 @@ def decide(
         speed_checked=not proposal.for_capacity,
         trial=proposal.trial,
     ), replace(state, current=target, since_s=now, restarts=restarts)
+
+
+def judge_trial(
+    main: Observation,
+    canary: Observation,
+    config: SpecConfig,
+    state: TunerState,
+    settings: TunerSettings,
+    cost: StepCost,
+    now: float,
+) -> str | None:
+    """Whether a trial's canary earns its promotion: with what the canary served folded into
+    `state` (the state before the tick that proposed the trial; `learn_trial`), the tuner, no
+    longer exploring, would move the main replicas to `config` on their window `main`. None to
+    promote; else why not. A canary's own speed says little about capacity (it ran at a share
+    of the traffic, and a balancer sends a fast replica fewer requests); the tuner's model,
+    corrected by what the canary measured, reads it at the load ahead."""
+    learned, _ = learn_trial(canary, config, state, settings, cost, now)
+    decision, _ = decide(main, learned, replace(settings, exploration=0.0), cost, now)
+    if decision.config == config:
+        return None
+    if decision.action == "stay":
+        return f"with what the canary taught, the tuner stays: {decision.reason}"
+    return (
+        f"with what the canary taught, the tuner prefers {decision.config.describe()}: "
+        f"{decision.reason}"
+    )
 
 
 def _stay(

@@ -6,7 +6,8 @@ start: one window of a fresh deployment does not tell the load ahead, unless the
 `FIRST_MOVE_HEADROOM` times it) and the restart budget
 (restarts in the last hour), and must clear the hurdle (hysteresis, or the smaller saturation
 tolerance at max-num-seqs) and pay, over the expected dwell, for the restart: its lost serving
-(twice for a trial that may be undone, weighted by its chance of failing) plus the SLO backlog
+(`restarts_expected`: a trial on all of the traffic may be undone, one on a canary costs the main
+replicas a restart only when promoted) plus the SLO backlog
 it leaves.
 Pure: `now` is the only clock.
 """
@@ -47,6 +48,17 @@ def early_first_move(proposal: Proposal, state: TunerState) -> bool:
     )
 
 
+def restarts_expected(proposal: Proposal, settings: TunerSettings) -> float:
+    """Restarts of the main replicas a move is expected to cost: one for a move; for a trial
+    on all of the traffic one, plus the one undoing it when it disappoints; for a trial on a
+    canary (`settings.trial_share` below 1) only the promotion, when it does not."""
+    if not proposal.trial:
+        return 1.0
+    if settings.trial_share < 1.0:
+        return 1.0 - proposal.trial_failure
+    return 1.0 + proposal.trial_failure
+
+
 def gate(
     proposal: Proposal,
     running: Prediction,
@@ -67,10 +79,9 @@ def gate(
             f"{target} predicted {gain:+.1%} but the restart budget "
             f"({settings.restart_budget_per_hour}/h) is spent"
         )
-    # A trial that disappoints is undone: it may cost a second restart.
-    restart = switch_cost(running.tokens_per_s, belief.batch, belief.context, cost, settings) * (
-        1.0 + proposal.trial_failure
-    )
+    restart = switch_cost(
+        running.tokens_per_s, belief.batch, belief.context, cost, settings
+    ) * restarts_expected(proposal, settings)
     restart += backlog_cost(
         proposal.config,
         belief.throughput,

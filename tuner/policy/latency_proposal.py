@@ -137,7 +137,23 @@ def propose_for_latency(
     ranked = [(c, _as_prediction(scores[c], curves[c], served, reference)) for c in candidates]
     best_config, best = max(ranked, key=lambda item: item[1].tokens_per_s)
     detail = _detail(scores[best_config], running_score, demand, peak)
-    trial = explore(ranked, current, running, settings)
+    if settings.trial_share < 1.0:
+        # On a canary a trial is how a config that never ran shows its capacity: it is valued
+        # at the mean prediction (no caution, no margin), its risk bounded by the canary's
+        # share of the traffic; committing to it still takes the cautious score above.
+        trial_scores = {
+            c: latency_score(
+                c, curves[c], demand, peak, 0.0, unit,
+                ceiling=None if c == current else ceilings.get(c.method),
+            )
+            for c in candidates
+        }  # fmt: skip
+        valued = [
+            (c, _as_prediction(trial_scores[c], curves[c], served, reference)) for c in candidates
+        ]
+        trial = explore(valued, current, running, settings)
+    else:
+        trial = explore(ranked, current, running, settings)
     if best_config != current and not outweighs(trial, best.tokens_per_s - served):
         why = "predicted faster for users"
         if running_score.overloaded:

@@ -10,7 +10,10 @@ serves (`TunerState.served`), and remembers the window's batch (the load's trend
 learns the residual of measured over prior throughput, once the running config has served more
 than a window and a half since the tuner's last switch (a window that saw the switch also saw
 the restart's downtime and refill) or from the first window when the tuner has not switched
-yet. Pure: `now` is the only clock.
+yet. `learn_trial(observation, config, state, settings, cost, now)` folds a trial's canary
+window the same way for the config it ran (acceptance and throughput residual; not the traffic,
+which the main replicas' windows measure) and says what it learned. Pure: `now` is the only
+clock.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from specpilot.tuner._model.surrogate import Surrogate
 from specpilot.tuner.observation import Observation
 from specpilot.tuner.policy.ablation import average_acceptance, average_curves, average_sd
 from specpilot.tuner.policy.settings import TunerSettings
+from specpilot.tuner.spec_config import SpecConfig
 from specpilot.tuner.state import TunerState
 
 
@@ -102,3 +106,51 @@ def learn(
         acceptance=acceptance,
         surrogate=surrogate,
     )
+
+
+def learn_trial(
+    observation: Observation,
+    config: SpecConfig,
+    state: TunerState,
+    settings: TunerSettings,
+    cost: StepCost,
+    now: float,
+) -> tuple[TunerState, str]:
+    """Fold a trial's canary window (the canary alone ran `config`) into the state; returns
+    it and a note of what the window taught (or why it taught nothing)."""
+    batch = observation.running_requests
+    throughput = observation.generation_tokens_per_s
+    if batch is None or throughput is None or batch <= 0 or throughput <= 0:
+        return state, f"the canary's window of {config.describe()} held no load to learn from"
+    posterior = settings.acceptance_model == "posterior"
+    before = _length(state, config, batch, posterior)
+    learned = (
+        state.learn_acceptance(config, observation, now)
+        if posterior
+        else average_acceptance(state, config, observation)
+    )
+    context = learned.context_tokens or settings.context_tokens
+    prompt = learned.prompt_tokens if settings.lumpy_prefill else 0.0
+    acceptance = learned.acceptance_curves() if posterior else average_curves(learned)
+    prior = Surrogate(
+        cost, acceptance, prefill_ratio=learned.prefill_ratio, prompt_tokens=prompt
+    ).prior(config, batch, context)
+    learned = learned.learn_throughput(config, batch, throughput / prior.tokens_per_s)
+    after = _length(learned, config, batch, posterior)
+    note = (
+        f"the canary ran {config.describe()} at batch {batch:.1f}: {throughput:.0f} tok/s, "
+        f"{throughput / prior.tokens_per_s:.2f}x the prior"
+    )
+    if before is not None and after is not None:
+        note += f"; acceptance length {before:.2f} -> {after:.2f}"
+    return learned, note
+
+
+def _length(state: TunerState, config: SpecConfig, batch: float, posterior: bool) -> float | None:
+    """The expected acceptance length the state holds for `config` at `batch`."""
+    if not config.speculative:
+        return None
+    curves = state.acceptance_curves() if posterior else average_curves(state)
+    curve = curves.get(config.method)
+    k = config.k_for_batch(max(1, round(batch)))
+    return None if curve is None or k <= 0 else curve.expected_length(k)

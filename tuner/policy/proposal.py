@@ -67,7 +67,8 @@ def explore(
     uncertainty, and a trial is worth what it is expected to gain over the expected dwell
     (scikit-optimize's `gaussian_ei`, in log units: about the relative gain) less what it is
     expected to lose while it runs (the same expectation of the shortfall, over the trial's
-    span): `net_trial_value`. Only candidates whose expected loss over the dwell stays within
+    span, times the share of the traffic the trial runs on: `settings.trial_share`):
+    `net_trial_value`. Only candidates whose expected loss over the dwell stays within
     `max_downside` are tried (a config priced as overloaded by the latency objective never
     is). Returns the config, its prediction, the net value in tokens/s (times `exploration`)
     and the chance it turns out slower; None when no trial has a positive net value.
@@ -88,7 +89,8 @@ def explore(
     # the expected shortfall is the expected improvement of the running config over it
     losses = expected_improvement([-m for m in means], stds, -running, xi=0.0)
     wins = probability_of_improvement(means, stds, running, xi=0.0)
-    share = trial_span_s(settings) / settings.expected_dwell_s
+    # a trial on a canary risks only the canary's share of the traffic while it runs
+    share = settings.trial_share * trial_span_s(settings) / settings.expected_dwell_s
     values = [
         net_trial_value(float(gain), float(loss), share, settings)
         for gain, loss in zip(gains, losses, strict=True)

@@ -58,6 +58,11 @@ class TunerSettings:
     exploration: float = 1.0
     """Weight on a trial's expected improvement (0 disables exploration). The control loop
     sets it to 0 where a trial would take all of the traffic (no canary: operator/loop.py)."""
+    trial_share: float = 1.0
+    """The share of the traffic a trial runs on: 1/(N+1) for a one-replica canary beside N
+    main replicas (the control loop sets it from the actuator). A trial's expected loss is
+    scaled by it, and a canary that disappoints is deleted without touching the main
+    replicas, so below 1 a trial costs a restart only when it is promoted."""
     acceptance_model: AcceptanceModel = "posterior"
     """posterior: per-position Beta posteriors learning (p, r) and the task mix; moving-average:
     the running method's length averaged at a fixed rate (an ablation, `policy.ablation`)."""

@@ -35,9 +35,12 @@ ABLATIONS: dict[str, dict[str, object]] = {
     "specpilot:moving-average": {"acceptance_model": "moving-average"},
     "specpilot:no-schedules": {"synthesize_schedules": False},
     "specpilot:averaged-prefill": {"lumpy_prefill": False},
+    "specpilot:no-exploration": {"exploration": 0.0},
 }
 """SpecPilot with one component removed, by name: the TunerSettings each one overrides
-(averaged-prefill spreads the prefill over every step instead of pricing it in lumps)."""
+(averaged-prefill spreads the prefill over every step instead of pricing it in lumps;
+no-exploration differs from SpecPilot only with two replicas or more, where a trial runs on a
+canary: with one the control loop never explores)."""
 HINDSIGHT = "hindsight"
 NO_SPEC = "no-spec"
 VLLM_EAGLE3_TABLE = SpecConfig(
