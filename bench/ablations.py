@@ -13,7 +13,8 @@ speculation, the full tuner and each ablation (operator/app/bench/policies.py, `
   measured mean prompt (`TunerSettings.lumpy_prefill`);
 - specpilot:no-exploration: no trials. The control loop lets the tuner explore only where a
   trial runs on a canary (operator/loop.py), so this differs from the full tuner only in the
-  4-replica run (`poisson-vllm-4x-one-at-a-time`); with trials on all of the traffic it paid
+  4-replica run (`poisson-vllm-4x-one-at-a-time`, the sweep at four rates, where it alone is
+  run beside the full tuner and no speculation); with trials on all of the traffic it paid
   for itself in none of 90 one-replica world runs (`git show d04e071:bench/results/ablations.md`).
 Writes bench/results/ablations-NAME.json (the bench's report: commit, command, seeds) and
 ablations.md: per run, each policy's median-world figures and, per world, the mean E2E latency
@@ -41,12 +42,18 @@ RUNS: dict[str, list[str]] = {
     # The Azure trace is chat alone: the task mix moving (chat -> code -> summarize -> chat at
     # 6 req/s) is what exercises what the posterior adds over a moving average.
     "taskmix-vllm": ["--trace", "bench/traces/taskmix.csv", *VLLM, "--rollout", "surge"],
-    # Four replicas: a trial runs on a fifth, the canary, at a fifth of the traffic.
+    # Four replicas: a trial runs on a fifth, the canary, at a fifth of the traffic. Four
+    # rates, not seven, and only the ablation that differs there: each cell simulates four
+    # engines.
     "poisson-vllm-4x-one-at-a-time": [
-        "--trace", AZURE, "--poisson", "0.1:1.3:7", *VLLM, "--replicas", "4",
+        "--trace", AZURE, "--poisson", "0.1:1.3:4", *VLLM, "--replicas", "4",
         "--rollout", "one-at-a-time",
     ],
 }  # fmt: skip
+RUN_POLICIES = {
+    "poisson-vllm-4x-one-at-a-time": ",".join([NO_SPEC, SPECPILOT, "specpilot:no-exploration"]),
+}
+"""Runs that compare fewer policies than `POLICIES`."""
 
 
 def per_world_ratios(report: dict[str, Any]) -> dict[str, list[float]]:
@@ -96,7 +103,8 @@ def main(argv: list[str] | None = None) -> None:
     RESULTS.mkdir(exist_ok=True)
     for name in ns.only or RUNS:
         out = RESULTS / f"ablations-{name}.json"
-        args = [*RUNS[name], "--policies", POLICIES, "--worlds", str(ns.worlds)]
+        policies = RUN_POLICIES.get(name, POLICIES)
+        args = [*RUNS[name], "--policies", policies, "--worlds", str(ns.worlds)]
         code = specpilot(["bench", *args, "--json", str(out)])
         if code != 0:
             raise SystemExit(f"{name}: specpilot bench exited {code}")

@@ -70,25 +70,19 @@ def learn(
 
     posterior = settings.acceptance_model == "posterior"
     state = (
-        (
-            state.learn_acceptance(current, observation, now)
-            if posterior
-            else average_acceptance(state, current, observation)
-        )
+        _with_acceptance(state, current, observation, settings, now)
         .learn_traffic(observation, settings.kv_capacity_tokens)
         .served(current, throughput)
     )
     context = state.context_tokens or settings.context_tokens
     prompt = state.prompt_tokens if settings.lumpy_prefill else 0.0
-    acceptance = state.acceptance_curves() if posterior else average_curves(state)
-    prior = Surrogate(
-        cost, acceptance, prefill_ratio=state.prefill_ratio, prompt_tokens=prompt
-    ).prior(current, batch, context)
+    acceptance = _curves(state, settings)
     if not state.restarts or now - state.since_s > 1.5 * observation.window_s:
         # A window that saw a switch also saw the restart's downtime and refill: it says
         # nothing about how fast the new config runs. The config a deployment started with
         # served the whole window (an engine still starting reports no throughput).
-        state = state.learn_throughput(current, batch, throughput / prior.tokens_per_s)
+        prior = _prior_rate(state, current, batch, settings, cost)
+        state = state.learn_throughput(current, batch, throughput / prior)
     surrogate = Surrogate(
         cost,
         acceptance,
@@ -122,35 +116,58 @@ def learn_trial(
     throughput = observation.generation_tokens_per_s
     if batch is None or throughput is None or batch <= 0 or throughput <= 0:
         return state, f"the canary's window of {config.describe()} held no load to learn from"
-    posterior = settings.acceptance_model == "posterior"
-    before = _length(state, config, batch, posterior)
-    learned = (
-        state.learn_acceptance(config, observation, now)
-        if posterior
-        else average_acceptance(state, config, observation)
-    )
-    context = learned.context_tokens or settings.context_tokens
-    prompt = learned.prompt_tokens if settings.lumpy_prefill else 0.0
-    acceptance = learned.acceptance_curves() if posterior else average_curves(learned)
-    prior = Surrogate(
-        cost, acceptance, prefill_ratio=learned.prefill_ratio, prompt_tokens=prompt
-    ).prior(config, batch, context)
-    learned = learned.learn_throughput(config, batch, throughput / prior.tokens_per_s)
-    after = _length(learned, config, batch, posterior)
+    before = _length(state, config, batch, settings)
+    learned = _with_acceptance(state, config, observation, settings, now)
+    ratio = throughput / _prior_rate(learned, config, batch, settings, cost)
+    learned = learned.learn_throughput(config, batch, ratio)
+    after = _length(learned, config, batch, settings)
     note = (
         f"the canary ran {config.describe()} at batch {batch:.1f}: {throughput:.0f} tok/s, "
-        f"{throughput / prior.tokens_per_s:.2f}x the prior"
+        f"{ratio:.2f}x the prior"
     )
     if before is not None and after is not None:
         note += f"; acceptance length {before:.2f} -> {after:.2f}"
     return learned, note
 
 
-def _length(state: TunerState, config: SpecConfig, batch: float, posterior: bool) -> float | None:
+def _with_acceptance(
+    state: TunerState,
+    config: SpecConfig,
+    observation: Observation,
+    settings: TunerSettings,
+    now: float,
+) -> TunerState:
+    """The window's acceptance counters for `config` folded in by the settings' model."""
+    if settings.acceptance_model == "posterior":
+        return state.learn_acceptance(config, observation, now)
+    return average_acceptance(state, config, observation)
+
+
+def _curves(state: TunerState, settings: TunerSettings) -> dict[str, AcceptanceCurve]:
+    if settings.acceptance_model == "posterior":
+        return state.acceptance_curves()
+    return average_curves(state)
+
+
+def _prior_rate(
+    state: TunerState, config: SpecConfig, batch: float, settings: TunerSettings, cost: StepCost
+) -> float:
+    """The physics prior's output tokens/s for `config` at `batch` under what `state` holds
+    (what a measured rate is divided by to give its residual)."""
+    context = state.context_tokens or settings.context_tokens
+    prompt = state.prompt_tokens if settings.lumpy_prefill else 0.0
+    surrogate = Surrogate(
+        cost, _curves(state, settings), prefill_ratio=state.prefill_ratio, prompt_tokens=prompt
+    )
+    return surrogate.prior(config, batch, context).tokens_per_s
+
+
+def _length(
+    state: TunerState, config: SpecConfig, batch: float, settings: TunerSettings
+) -> float | None:
     """The expected acceptance length the state holds for `config` at `batch`."""
     if not config.speculative:
         return None
-    curves = state.acceptance_curves() if posterior else average_curves(state)
-    curve = curves.get(config.method)
+    curve = _curves(state, settings).get(config.method)
     k = config.k_for_batch(max(1, round(batch)))
     return None if curve is None or k <= 0 else curve.expected_length(k)
