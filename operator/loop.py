@@ -83,6 +83,14 @@ class TickRecord:
     rolled_back: bool = False
     """The goodput check undid the previous switch in this tick (`decision` says back to what)."""
 
+    @property
+    def explanation(self) -> str:
+        """The decision's reason and, for a move the actuator refused, why (each at most 500
+        characters then, as `error` is: both fit a status field of 1024)."""
+        if self.error is None or self.rolled_back:
+            return self.error or self.decision.reason
+        return f"{self.decision.reason[:500]}; not applied: {self.error}"
+
 
 @dataclass(frozen=True, slots=True)
 class _PendingCheck:

@@ -163,7 +163,7 @@ def tick_status(
         "observed": {**observed, "time": when},
         "lastDecision": {
             "action": action,
-            "reason": (record.error or decision.reason)[:1024],
+            "reason": record.explanation[:1024],
             "predictedGain": round(decision.predicted_gain, 4),
             "config": decision.config.describe(),
             "time": when,

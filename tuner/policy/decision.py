@@ -99,14 +99,17 @@ def judge_trial(
 ) -> str | None:
     """Whether a trial's canary earns its promotion: with what the canary served folded into
     `state` (the state before the tick that proposed the trial; `learn_trial`), the tuner, no
-    longer exploring, would move the main replicas to `config` on their window `main`. None to
-    promote; else why not. A canary's own speed says little about capacity (it ran at a share
-    of the traffic, and a balancer sends a fast replica fewer requests); the tuner's model,
-    corrected by what the canary measured, reads it at the load ahead."""
+    longer exploring, would move the main replicas to `config`, or to another K of its method,
+    on their window `main`. None to promote; else why not. A canary's own speed says little
+    about capacity (it ran at a share of the traffic, and a balancer sends a fast replica fewer
+    requests); the tuner's model, corrected by what the canary measured, reads it at the load
+    ahead."""
     learned, _ = learn_trial(canary, config, state, settings, cost, now)
     decision, _ = decide(main, learned, replace(settings, exploration=0.0), cost, now)
     if decision.config == config:
         return None
+    if decision.action != "stay" and decision.config.method == config.method:
+        return None  # the method the canary measured pays; its K is the next tick's to tune
     if decision.action == "stay":
         return f"with what the canary taught, the tuner stays: {decision.reason}"
     return (

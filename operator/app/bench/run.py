@@ -24,7 +24,7 @@ from specpilot.operator.app.bench.policies import (
     space_for,
 )
 from specpilot.operator.app.bench.traffic import RequestTemplate
-from specpilot.operator.loop import Actuator, ControlLoop, TickRecord
+from specpilot.operator.loop import Actuator, ControlLoop
 from specpilot.runtime.emulator.core import Request
 from specpilot.runtime.emulator.deployment import EmulatedDeployment, Rollout
 from specpilot.runtime.emulator.world import draw_world
@@ -122,7 +122,7 @@ def run_policy(setup: Setup, world_seed: int, policy: StaticPolicy | str) -> Pol
             observations.append((window_start, record.observation))
             configs.append(deployment.config.describe())
             if record.decision.action != "stay" or record.error:
-                decisions.append(f"t={window_start:.0f}s {_explained(record)}")
+                decisions.append(f"t={window_start:.0f}s {record.explanation}")
     else:
         while deployment.now < setup.duration_s:
             deployment.observe(min(setup.window_s, setup.duration_s - deployment.now))
@@ -141,13 +141,6 @@ def run_policy(setup: Setup, world_seed: int, policy: StaticPolicy | str) -> Pol
         observations=observations,
         itl=deployment.itl.compact(),
     )
-
-
-def _explained(record: TickRecord) -> str:
-    """The decision's reason and, for one the deployment refused, why."""
-    if record.error is None or record.rolled_back:
-        return record.error or record.decision.reason
-    return f"{record.decision.reason}; not applied: {record.error}"
 
 
 def starting_config(setup: Setup) -> SpecConfig:
