@@ -21,9 +21,10 @@ from specpilot.operator.kube.actuator import (
 )
 from specpilot.operator.kube.pod_metrics import PodTarget, pod_target
 from specpilot.operator.kube.rollout import rollout_status
-from specpilot.operator.loop import Actuator, ControlLoop, TrialJudge
+from specpilot.operator.loop import Actuator, ControlLoop, TickRecord, TrialJudge
 from specpilot.runtime.engine_metrics import WindowStats
 from specpilot.tuner import (
+    Decision,
     Observation,
     SpecConfig,
     StepCost,
@@ -579,3 +580,18 @@ def test_the_kube_actuator_has_a_canary_with_two_replicas_or_more() -> None:
     for replicas, expected in ((1, None), (2, 1 / 3), (4, 1 / 5)):
         cluster.deployments["llm"] = deployment(SpecConfig(), replicas=replicas, role="main")
         assert act.canary_share() == expected
+
+
+def test_a_refused_move_is_explained_by_its_reason_and_the_refusal() -> None:
+    decision = Decision(
+        action="switch", config=NGRAM, reason="exploring: ngram K=3 " + "x" * 900,
+        predicted_gain=0.2, regime="memory-bound",
+    )  # fmt: skip
+    served = _canary_window((0.9, 0.8, 0.7), 100.0)
+    refused = TickRecord(0.0, served, decision, applied=False, error="CanaryRejected: slower")
+    assert refused.explanation.startswith("exploring: ngram K=3")
+    assert refused.explanation.endswith("; not applied: CanaryRejected: slower")
+    assert len(refused.explanation) <= 1024  # the status field's cap keeps the refusal
+    assert TickRecord(0.0, served, decision, applied=True).explanation == decision.reason
+    back = TickRecord(0.0, served, decision, True, error="rolled back x", rolled_back=True)
+    assert back.explanation == "rolled back x"
