@@ -89,7 +89,8 @@ class DeploymentApi(Protocol):
 
 
 class CanaryRejected(RuntimeError):
-    """The canary ran but was slower per pod than the main pods beyond the tolerance."""
+    """The canary ran but was slower per pod than the main pods beyond the tolerance, had no
+    load to compare, or the trial's judge said why not."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +170,7 @@ class KubeActuator:
         canary: bool,
         judge: Callable[[Observation], str | None] | None = None,
     ) -> None:
+        self.last_canary_observation = None  # only a canary measured by this call taught anything
         main = self.render(config, "main")
         live = self._call(lambda: self.api.read_deployment(self.namespace, self.name))
         if self.config is None and live is not None:

@@ -89,7 +89,8 @@ class _WindowTotals:
 
 
 class CanaryRejected(RuntimeError):
-    """The canary served slower per sequence than the main replicas beyond the tolerance."""
+    """The canary was not promoted: slower per sequence than the main replicas beyond the
+    tolerance, no load to compare, or the trial's judge said why not."""
 
 
 class EmulatedDeployment:
@@ -194,6 +195,7 @@ class EmulatedDeployment:
         self, config: SpecConfig, judge: Callable[[Observation], str | None] | None = None
     ) -> None:
         """Run `config` on a canary beside the main replicas, then roll it out or raise."""
+        self._trial = None  # a window is only ever this trial's
         if config == self.config:
             return
         if self.canary_share() is None:

@@ -419,6 +419,7 @@ def test_a_trial_runs_on_a_canary_even_where_the_spec_asks_for_none() -> None:
     # a switch that is not a trial follows the spec: no canary
     act.apply(SpecConfig())
     assert cluster.patches == ["llm", "llm"] and "llm-canary" not in cluster.deployments
+    assert act.trial_observation() is None  # no canary ran in that call: nothing stale to learn
 
 
 @dataclass
