@@ -10,7 +10,7 @@ exploration weight is 0 (a trial on all of the traffic paid for itself in none o
 90 world runs: `git show d04e071:bench/results/ablations.md`). What a trial's canary served
 (`trial_observation`) is folded into the state whether or not it was promoted
 (`tuner.learn_trial`), and the decision's reason says what it taught; a canary is promoted
-only if, that learned, the tuner would choose its config (`tuner.judge_trial`). Only an `Exception`
+only if, that learned, the tuner would move to its method (`tuner.judge_trial`). Only an `Exception`
 from `apply` counts as a refusal: a BaseException (the operator stopping mid-rollout) passes
 through untouched, the switch left in flight and nothing rolled back or backed off. The loop
 owns no clock: `now` comes from the caller.

@@ -16,7 +16,8 @@ and the next `TunerState`, and reads no clock (time is `now`, seconds). It
   if that improvement over the dwell pays for the restart (and the one undoing a failed
   trial would cost); on a canary (`trial_share` below 1) the loss counts at the canary's
   share of the traffic, `learn_trial` folds what the canary served into the state, and
-  `judge_trial` promotes the canary only if, with that learned, the tuner would choose it.
+  `judge_trial` promotes the canary only if, with that learned, the tuner would move to its
+  method.
 Every decision carries a one-line reason, the predicted gain and the regime.
 
 One tick is three steps, each its own module, composed by `decision.decide`:
