@@ -50,6 +50,7 @@ from specpilot.operator.kube.client import KubeConflict
 from specpilot.operator.kube.pod_metrics import PodTarget, PodWindowSource, pod_target
 from specpilot.operator.kube.retry import with_retries
 from specpilot.operator.kube.rollout import rollout_status
+from specpilot.operator.loop import TrialJudge
 from specpilot.runtime.engine_metrics import observe, observe_per_pod
 from specpilot.tuner import Observation, SpecConfig
 
@@ -138,9 +139,7 @@ class KubeActuator:
     def apply(self, config: SpecConfig) -> None:
         self._apply(config, canary=self.canary)
 
-    def apply_trial(
-        self, config: SpecConfig, judge: Callable[[Observation], str | None] | None = None
-    ) -> None:
+    def apply_trial(self, config: SpecConfig, judge: TrialJudge | None = None) -> None:
         """A trial goes through the canary whether or not the spec asks for canaries: with two
         or more main replicas it runs at one replica's share of the traffic, and one that
         disappoints raises CanaryRejected with the main pods untouched."""
@@ -168,7 +167,7 @@ class KubeActuator:
         config: SpecConfig,
         *,
         canary: bool,
-        judge: Callable[[Observation], str | None] | None = None,
+        judge: TrialJudge | None = None,
     ) -> None:
         self.last_canary_observation = None  # only a canary measured by this call taught anything
         main = self.render(config, "main")
@@ -245,9 +244,7 @@ class KubeActuator:
                 raise RolloutError(message)
             self.sleep(self.poll_s)
 
-    def _try_canary(
-        self, config: SpecConfig, judge: Callable[[Observation], str | None] | None
-    ) -> None:
+    def _try_canary(self, config: SpecConfig, judge: TrialJudge | None) -> None:
         desired = self.render(config, "canary")
         live = self._call(lambda: self.api.read_deployment(self.namespace, self.canary_name))
         self._roll(self.canary_name, "canary", desired, live, config)  # apply() deletes it after
