@@ -10,9 +10,11 @@ exploration weight is 0 (a trial on all of the traffic paid for itself in none o
 90 world runs: `git show d04e071:bench/results/ablations.md`). What a trial's canary served
 (`trial_observation`) is folded into the state whether or not it was promoted
 (`tuner.learn_trial`), and the decision's reason says what it taught; a canary is promoted
-only if, that learned, the tuner would move to its method (`tuner.judge_trial`). Only an `Exception`
-from `apply` counts as a refusal: a BaseException (the operator stopping mid-rollout) passes
-through untouched, the switch left in flight and nothing rolled back or backed off. The loop
+only if, that learned, the tuner would move to its config (`tuner.judge_trial`); when it would
+move to another config of the canary's method instead, the loop makes that move in the same
+tick (the trial's restart is its restart), its reason saying what the canary taught. Only an
+`Exception` from `apply` counts as a refusal: a BaseException (the operator stopping mid-rollout)
+passes through untouched, the switch left in flight and nothing rolled back or backed off. The loop
 owns no clock: `now` comes from the caller.
 
 With `goodput_tolerance` set, a switch is also checked on the first window after it: when the
@@ -122,6 +124,8 @@ class ControlLoop:
     """True while the loop applies a rollback (an actuator wrapper may label it so)."""
     _failed: dict[SpecConfig, float] = field(default_factory=dict)
     _pending: _PendingCheck | None = None
+    _instead: Decision | None = None
+    """The move the last trial's judge would make instead of promoting its canary."""
 
     def start(self) -> None:
         self.actuator.apply(self.state.current)
@@ -148,6 +152,7 @@ class ControlLoop:
         decision, state = decide(observation, self.state, settings, self.cost, now)
         record = TickRecord(now, observation, decision, applied=False)
         if decision.config != previous.current:
+            self._instead = None
             try:
                 if decision.trial and isinstance(self.actuator, TrialActuator):
                     judge = self._trial_judge(observation, previous, settings, decision.config, now)
@@ -163,7 +168,9 @@ class ControlLoop:
                 self.state = replace(state, current=previous.current)
                 record = replace(record, error=f"{type(exc).__name__}: {exc}"[:500])
             if decision.trial:
-                record = self._learn_from_trial(record, settings, now)
+                record, learned = self._learn_from_trial(record, settings, now)
+                if self._instead is not None and record.error is not None:
+                    record = self._move_instead(record, self._instead, learned, now)
         else:
             self.state = state
         return record
@@ -180,29 +187,51 @@ class ControlLoop:
         move the main replicas to `config` on this tick's window (`tuner.judge_trial`)."""
 
         def judge(served: Observation) -> str | None:
-            return judge_trial(observation, served, config, before, settings, self.cost, now)
+            verdict = judge_trial(observation, served, config, before, settings, self.cost, now)
+            self._instead = verdict.instead
+            return verdict.rejection
 
         return judge
 
     def _learn_from_trial(
         self, record: TickRecord, settings: TunerSettings, now: float
-    ) -> TickRecord:
+    ) -> tuple[TickRecord, str | None]:
         """Fold what the trial's canary served into the state (promoted or not, it measured
-        the config) and say so in the decision's reason."""
+        the config) and say so in the decision's reason; also returns what it taught."""
         if not isinstance(self.actuator, TrialActuator):
-            return record
+            return record, None
         served = self.actuator.trial_observation()
         if served is None:
-            return record
+            return record, None
         config = record.decision.config
         self.state, learned = learn_trial(served, config, self.state, settings, self.cost, now)
         decision = replace(record.decision, reason=f"{record.decision.reason}; {learned}")
-        return replace(record, decision=decision)
+        return replace(record, decision=decision), learned
+
+    def _move_instead(
+        self, record: TickRecord, instead: Decision, learned: str | None, now: float
+    ) -> TickRecord:
+        """The judge turned a trial's canary down for another config of its method: move the
+        main replicas there now. The trial's restart (already in the state) is this move's."""
+        tried = record.decision.config
+        try:
+            self.actuator.apply(instead.config)
+        except Exception as exc:  # the engine refused: as any switch, roll back and back off
+            self._failed[instead.config] = now
+            self._roll_back_to(self.state.current)
+            why = f"{type(exc).__name__}: {exc}"[:250]
+            return replace(record, error=f"{record.error}"[:250] + f"; then instead: {why}")
+        previous = self.state.current
+        self.state = replace(self.state, current=instead.config, since_s=now)
+        self._pending = self._pending_check(record.observation, instead, previous)
+        taught = f"; the canary of {tried.describe()} taught: {learned}" if learned else ""
+        reason = f"{instead.reason[:600]}{taught}"[:1000]
+        return replace(record, decision=replace(instead, reason=reason), applied=True, error=None)
 
     def _pending_check(
         self, before: Observation, decision: Decision, previous: SpecConfig
     ) -> _PendingCheck | None:
-        tokens_per_s, batch = before.generation_tokens_per_s, before.running_requests
+        tokens_per_s, batch = before.tokens_per_engine_s, before.running_requests
         if self.goodput_tolerance is None or not tokens_per_s or not batch:
             return None
         if not decision.speed_checked:
@@ -217,7 +246,7 @@ class ControlLoop:
             return None
         if pending.config != self.state.current:
             return None
-        tokens_per_s, batch = observation.generation_tokens_per_s, observation.running_requests
+        tokens_per_s, batch = observation.tokens_per_engine_s, observation.running_requests
         if tokens_per_s is None or not batch:
             return None
         moved = max(batch, pending.batch_before) / min(batch, pending.batch_before)

@@ -25,6 +25,7 @@ from specpilot.tuner.observation import Observation
 from specpilot.tuner.policy import (
     DEFAULT_MAX_BATCH,
     Decision,
+    TrialVerdict,
     TunerSettings,
     decide,
     judge_trial,
@@ -68,6 +69,7 @@ __all__ = [
     "StepTimeModel",
     "Surrogate",
     "Task",
+    "TrialVerdict",
     "TunerSettings",
     "TunerState",
     "acceptance_curve",

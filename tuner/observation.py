@@ -51,6 +51,14 @@ class Observation:
         return len(self.pods)
 
     @property
+    def tokens_per_engine_s(self) -> float | None:
+        """Output tokens/s per engine: `generation_tokens_per_s` is summed over the pods while
+        `running_requests` is a per-engine mean, and the tuner models one engine (its step
+        cost and batch), so it reads throughput in this unit."""
+        total = self.generation_tokens_per_s
+        return None if total is None else total / max(1, len(self.pods))
+
+    @property
     def unknown(self) -> tuple[str, ...]:
         """Names of the quantities that could not be computed for this window."""
         return tuple(f.name for f in fields(self) if getattr(self, f.name) is None)

@@ -13,14 +13,14 @@ Contract (operator/loop.py `Actuator`, plus what rollouts need):
   created. Applying the config that already runs is a cheap no-op (no patch, one status read).
 - With `canary` on (or for a trial, `apply_trial`: the tuner exploring) and at least 2 main
   replicas, a new config first runs as a 1-replica `<name>-canary` Deployment (role
-  "canary", same Service). Once Ready, the canary pods and
-  the main pods are observed over `canary_window_s` and compared per pod by per-sequence
-  speed (tokens/s over running requests: the Service spreads requests evenly, so every pod
-  generates about the same tokens/s whatever its speed, and speed shows in how long each
-  request stays). The canary is promoted (main template patched and followed, canary
-  deleted) unless it is slower than the main pods by more than `canary_tolerance`, or a trial's
-  `judge` (the tuner, given the canary pods' window) says why not; then it is deleted and
-  `CanaryRejected` raised (the loop backs off).
+  "canary", same Service). Once Ready and warmed up (`canary_warmup_s`: it filled from
+  empty), the canary pods and the main pods are observed over `canary_window_s` and compared
+  per pod by per-sequence speed (tokens/s over running requests: the Service spreads requests
+  evenly, so every pod generates about the same tokens/s whatever its speed, and speed shows
+  in how long each request stays). The canary is promoted (main template patched and followed,
+  canary deleted) unless it is slower than the main pods by more than `canary_tolerance`, or a
+  trial's `judge` (the tuner, given the canary pods' window) says why not; then it is deleted
+  and `CanaryRejected` raised (the loop backs off).
 - `observe(window_s)` reads the Ready main pods' engine metrics over the window through a
   `PodWindowSource` (direct scrape of pod IP:port/metrics, or PromQL) and returns one
   Observation (runtime/metrics.observe); `last_canary` keeps the last per-pod comparison.
@@ -118,6 +118,10 @@ class KubeActuator:
     poll_s: float = 2.0
     canary: bool = False
     canary_window_s: float = 60.0
+    canary_warmup_s: float = 20.0
+    """How long a Ready canary serves before its window starts: it fills from empty (every
+    first request's prefill at once, below the main pods' batch), which is not its config's
+    speed."""
     canary_tolerance: float = 0.05
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
@@ -248,6 +252,7 @@ class KubeActuator:
         desired = self.render(config, "canary")
         live = self._call(lambda: self.api.read_deployment(self.namespace, self.canary_name))
         self._roll(self.canary_name, "canary", desired, live, config)  # apply() deletes it after
+        self.sleep(self.canary_warmup_s)
         result = self._compare(config, desired)
         served = self.last_canary_observation
         why_not = judge(served) if result.promoted and judge and served else None

@@ -24,9 +24,11 @@ is the simulated time.
   counts in their latency; tokens streamed before the stop are lost to the user.
 - Trials (`TrialActuator`: `apply_trial`, `canary_share`, `trial_observation`), as
   `KubeActuator` runs them: with two or more replicas a trial's config first runs on one extra
-  replica (the canary, its share of the traffic through the same balancer), which is compared
-  with the main replicas over `canary_window_s` by per-sequence speed (tokens over the integral
-  of the decode batch); it is then stopped (its requests retried elsewhere) and the config
+  replica (the canary, its share of the traffic through the same balancer), which, once it
+  has served `canary_warmup_s` (it fills from empty, all its first requests' prefill at once,
+  at a batch below the main replicas'), is compared with the main replicas over
+  `canary_window_s` by per-sequence speed (tokens over the integral of the decode batch);
+  it is then stopped (its requests retried elsewhere) and the config
   rolled out as `apply` does unless it was slower than the main replicas by more than
   `canary_tolerance` or the trial's `judge` says why not: then `CanaryRejected` is raised and
   the main replicas are untouched. With one replica a trial is an `apply`.
@@ -108,6 +110,7 @@ class EmulatedDeployment:
         seed: int = 0,
         max_num_seqs: int | None = None,
         canary_window_s: float = 60.0,
+        canary_warmup_s: float = 20.0,
         canary_tolerance: float = 0.05,
     ) -> None:
         if replicas < 1:
@@ -142,6 +145,7 @@ class EmulatedDeployment:
         self._window = _WindowTotals()
         self._window_start = 0.0
         self.canary_window_s = canary_window_s
+        self.canary_warmup_s = canary_warmup_s
         self.canary_tolerance = canary_tolerance
         self.canaries = 0
         """Trials run on a canary (promoted or not)."""
@@ -204,6 +208,8 @@ class EmulatedDeployment:
         started = self.now
         canary = self._start_replica(config, ready_at=self.now + self.start_time_s)
         self.run_until(self._replicas[canary].ready_at)
+        self._window, self._canary, self._canary_window = _WindowTotals(), canary, _WindowTotals()
+        self.run_until(self.now + self.canary_warmup_s)  # the fill-up is not the config's speed
         main, measured = _WindowTotals(), _WindowTotals()
         self._window, self._canary, self._canary_window = main, canary, measured
         window_start = self.now
@@ -332,7 +338,10 @@ class EmulatedDeployment:
         return Observation(
             engine=self.engine,
             window_s=window_s,
-            pods=tuple(f"replica-{rid}" for rid, _ in ready),
+            # the replicas whose steps the window's tokens and batch come from (a rollout can
+            # stop one mid-window), so tokens per engine and the mean batch count the same ones
+            pods=tuple(f"replica-{rid}" for rid in sorted(w.batch_time))
+            or tuple(f"replica-{rid}" for rid, _ in ready),
             acceptance_length=1 + w.accepted / w.drafts if w.drafts else None,
             acceptance_rate=w.accepted / w.draft_tokens if w.draft_tokens else None,
             # vLLM counts accepted tokens per draft position; SGLang does not

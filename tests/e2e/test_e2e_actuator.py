@@ -104,7 +104,7 @@ def test_canary_runs_beside_the_main_pods_then_is_promoted(
     apiserver: ApiServer, kubelet: Kubelet, models: Path, load_factory
 ) -> None:
     actuator = actuator_for(apiserver, models, "vllm", replicas=2)
-    actuator.canary, actuator.canary_window_s = True, 3.0
+    actuator.canary, actuator.canary_window_s, actuator.canary_warmup_s = True, 3.0, 1.0
     # Which pods are faster is left to tests/unit/test_kube_actuator.py, on a fake clock: here
     # real-time engines run as fast as a shared CPU lets them, and a loaded 2-core host once
     # measured the speculating canary below the plain pods (128.3 vs 129.4 tok/s per sequence).

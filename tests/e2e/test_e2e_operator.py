@@ -327,7 +327,7 @@ def test_the_tuners_trial_runs_on_a_canary_beside_the_main_pods(
         decision = wait_for(
             "the trial in status.lastDecision",
             lambda: (d := _last_decision(apiserver, "trial")) and "ngram" in d["config"] and d,
-            timeout_s=120,
+            timeout_s=180,  # canary start, 20 s warm-up and a 60 s window
         )
         assert decision["reason"].startswith("exploring"), decision
         wait_for(

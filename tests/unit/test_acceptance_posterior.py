@@ -329,3 +329,12 @@ def test_engine_metrics_report_the_drafts_behind_the_acceptance() -> None:
         gauges={"accept_length_gauge": 2.5},
     )
     assert observe("sglang", [sglang]).drafts == 120.0
+
+
+def test_the_chain_fit_keeps_position_one_where_it_was_measured() -> None:
+    # vLLM's survival shares (1.7%, 1.7%, 1.7%): the first draft almost never accepted, but
+    # when it is, so are the rest (conditionals 1.0): the length is 1.05, not a chain of 2.
+    measured = [0.0167, 1.0 - 1e-6, 1.0 - 1e-6]
+    fitted = fit_chain(measured, [3000.0, 50.0, 50.0], 1.0)
+    assert fitted.p == pytest.approx(0.0167, abs=1e-4)
+    assert fitted.expected_length(3) == pytest.approx(1.0 + 3 * 0.0167, abs=0.04)

@@ -563,6 +563,27 @@ def test_a_canary_is_promoted_only_when_what_it_served_makes_the_tuner_choose_it
     assert rejected.error is not None and "with what the canary taught" in rejected.error
 
 
+def test_a_canary_of_one_k_can_move_the_main_replicas_to_another_k_of_its_method() -> None:
+    # the tuner tries n-gram at K=1; its canary drafts well (75% of first drafts accepted), so
+    # with that learned the tuner would run K=3: the canary is not promoted (K=1 is not what it
+    # would run) and the main replicas move to K=3 in the same tick, on one restart
+    ngram1 = SpecConfig(method="ngram", num_speculative_tokens=1)
+    act = JudgedCanary({"none": 115.0, "ngram": 115.0}, batch=1.0)
+    act.served = replace(
+        _canary_window((0.75,), 160.0), acceptance_rate=0.75, acceptance_per_position=(0.75,)
+    )
+    loop = _ngram_trial_loop(act)
+    loop.settings = replace(loop.settings, candidates=(SpecConfig(), ngram1, NGRAM))
+    loop.start()
+    record = loop.tick(100.0)
+    (verdict,) = act.verdicts
+    assert act.trials == [ngram1] and verdict is not None and "prefers ngram K=3" in verdict
+    assert record.applied and record.error is None and record.decision.config == NGRAM
+    assert act.applied[-1] == NGRAM and loop.state.current == NGRAM
+    assert len(loop.state.restarts) == 1  # the trial's restart is the move's
+    assert "the canary of ngram K=1 taught: the canary ran ngram K=1" in record.decision.reason
+
+
 def test_without_a_canary_the_loop_does_not_explore() -> None:
     # the same window as above: with no canary to run it on (one replica), a trial would take
     # all the traffic, and the tuner stays

@@ -143,6 +143,24 @@ def test_finds_the_regime_on_exact_physics() -> None:
     assert high.regime == "compute-bound"
 
 
+def test_four_pods_at_one_pods_batch_read_as_four_engines_not_one_faster_engine() -> None:
+    # `generation_tokens_per_s` is summed over the pods and `running_requests` is a mean per
+    # pod: read as one engine, four replicas would look four times faster than the physics
+    tuning = TunerSettings(candidates=CANDIDATES, min_dwell_s=0)
+    state = TunerState.initial(SpecConfig(), 0.0, PRIORS)
+    one = physics_observation(SpecConfig(), 40.0)
+    assert one.generation_tokens_per_s is not None
+    four = replace(
+        one, pods=("a", "b", "c", "d"), generation_tokens_per_s=4 * one.generation_tokens_per_s
+    )
+    assert four.tokens_per_engine_s == pytest.approx(one.generation_tokens_per_s)
+    decided_one, after_one = decide(one, state, tuning, COST, 1000.0)
+    decided_four, after_four = decide(four, state, tuning, COST, 1000.0)
+    assert decided_four == decided_one and after_four == after_one
+    residual = {r.config: r.mean for r in after_four.residuals}[SpecConfig()]
+    assert residual == pytest.approx(0.0, abs=1e-6)  # the physics, exactly
+
+
 def test_learns_acceptance_of_the_running_method() -> None:
     config = SpecConfig(method="eagle3", num_speculative_tokens=3, draft_model="d")
     state = TunerState.initial(config, 0.0, PRIORS)

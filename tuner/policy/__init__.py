@@ -17,7 +17,7 @@ and the next `TunerState`, and reads no clock (time is `now`, seconds). It
   trial would cost); on a canary (`trial_share` below 1) the loss counts at the canary's
   share of the traffic, `learn_trial` folds what the canary served into the state, and
   `judge_trial` promotes the canary only if, with that learned, the tuner would move to its
-  method.
+  config (to another config of its method: that move instead, `TrialVerdict.instead`).
 Every decision carries a one-line reason, the predicted gain and the regime.
 
 One tick is three steps, each its own module, composed by `decision.decide`:
@@ -31,7 +31,7 @@ One tick is three steps, each its own module, composed by `decision.decide`:
 
 from __future__ import annotations
 
-from specpilot.tuner.policy.decision import Action, Decision, decide, judge_trial
+from specpilot.tuner.policy.decision import Action, Decision, TrialVerdict, decide, judge_trial
 from specpilot.tuner.policy.learn import learn_trial
 from specpilot.tuner.policy.settings import DEFAULT_MAX_BATCH, TunerSettings
 
@@ -39,6 +39,7 @@ __all__ = [
     "DEFAULT_MAX_BATCH",
     "Action",
     "Decision",
+    "TrialVerdict",
     "TunerSettings",
     "decide",
     "judge_trial",

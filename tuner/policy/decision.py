@@ -6,7 +6,8 @@ window lacks what it needs, stays when `propose` finds nothing better or `gate` 
 and otherwise switches (or turns speculation off), restarting the dwell and spending a restart;
 leaving a speculative method for capacity, it records what that method served.
 `judge_trial(main, canary, config, state, settings, cost, now)` says whether a trial's canary
-earns its promotion once what it served is learned.
+earns its promotion once what it served is learned, or which config of its method the tuner
+would move to instead (`TrialVerdict`).
 """
 
 from __future__ import annotations
@@ -88,6 +89,19 @@ def decide(
     ), replace(state, current=target, since_s=now, restarts=restarts)
 
 
+@dataclass(frozen=True, slots=True)
+class TrialVerdict:
+    """The tuner's verdict on a trial's canary."""
+
+    rejection: str | None
+    """None to promote the canary's config; else why not."""
+    instead: Decision | None = None
+    """With the canary rejected: the move to another config of the canary's method the tuner
+    makes instead, on what the canary taught (the canary measured a K the tuner would not
+    run: promoting it anyway put EAGLE-3 K=5 on every replica in a world where K=5 overloads
+    and K=3 does not)."""
+
+
 def judge_trial(
     main: Observation,
     canary: Observation,
@@ -96,26 +110,26 @@ def judge_trial(
     settings: TunerSettings,
     cost: StepCost,
     now: float,
-) -> str | None:
+) -> TrialVerdict:
     """Whether a trial's canary earns its promotion: with what the canary served folded into
     `state` (the state before the tick that proposed the trial; `learn_trial`), the tuner, no
-    longer exploring, would move the main replicas to `config`, or to another K of its method,
-    on their window `main`. None to promote; else why not. A canary's own speed says little
-    about capacity (it ran at a share of the traffic, and a balancer sends a fast replica fewer
-    requests); the tuner's model, corrected by what the canary measured, reads it at the load
+    longer exploring, would move the main replicas to `config` on their window `main`. When it
+    would move to another config of the same method instead, that move is the verdict's
+    `instead`. A canary's own speed says little about capacity (it ran at a share of the
+    traffic); the tuner's model, corrected by what the canary measured, reads it at the load
     ahead."""
     learned, _ = learn_trial(canary, config, state, settings, cost, now)
     decision, _ = decide(main, learned, replace(settings, exploration=0.0), cost, now)
     if decision.config == config:
-        return None
-    if decision.action != "stay" and decision.config.method == config.method:
-        return None  # the method the canary measured pays; its K is the next tick's to tune
+        return TrialVerdict(None)
     if decision.action == "stay":
-        return f"with what the canary taught, the tuner stays: {decision.reason}"
-    return (
+        return TrialVerdict(f"with what the canary taught, the tuner stays: {decision.reason}")
+    prefers = (
         f"with what the canary taught, the tuner prefers {decision.config.describe()}: "
         f"{decision.reason}"
     )
+    same_method = decision.config.method == config.method
+    return TrialVerdict(prefers, instead=decision if same_method else None)
 
 
 def _stay(

@@ -38,7 +38,7 @@ class Belief:
     batch: float
     """The window's mean running requests."""
     throughput: float
-    """The window's measured output tokens/s."""
+    """The window's measured output tokens/s per engine (`Observation.tokens_per_engine_s`)."""
     context: float
     """Context per running request the predictions assume."""
     acceptance: dict[str, AcceptanceCurve]
@@ -56,7 +56,7 @@ def learn(
 ) -> Belief | str:
     current = state.current
     batch = observation.running_requests
-    throughput = observation.generation_tokens_per_s
+    throughput = observation.tokens_per_engine_s
     if batch is None or throughput is None or batch <= 0 or throughput <= 0:
         return (
             "holding: "
@@ -113,7 +113,7 @@ def learn_trial(
     """Fold a trial's canary window (the canary alone ran `config`) into the state; returns
     it and a note of what the window taught (or why it taught nothing)."""
     batch = observation.running_requests
-    throughput = observation.generation_tokens_per_s
+    throughput = observation.tokens_per_engine_s
     if batch is None or throughput is None or batch <= 0 or throughput <= 0:
         return state, f"the canary's window of {config.describe()} held no load to learn from"
     before = _length(state, config, batch, settings)
