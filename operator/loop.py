@@ -153,10 +153,16 @@ class ControlLoop:
         record = TickRecord(now, observation, decision, applied=False)
         if decision.config != previous.current:
             self._instead = None
+            served: Observation | None = None
             try:
                 if decision.trial and isinstance(self.actuator, TrialActuator):
                     judge = self._trial_judge(observation, previous, settings, decision.config, now)
-                    self.actuator.apply_trial(decision.config, judge)
+                    try:
+                        self.actuator.apply_trial(decision.config, judge)
+                    finally:
+                        # read before a rollback: that is an apply, and an actuator forgets
+                        # its last canary at each apply
+                        served = self.actuator.trial_observation()
                 else:
                     self.actuator.apply(decision.config)
                 self.state = state
@@ -167,8 +173,8 @@ class ControlLoop:
                 self._roll_back_to(previous.current)
                 self.state = replace(state, current=previous.current)
                 record = replace(record, error=f"{type(exc).__name__}: {exc}"[:500])
-            if decision.trial:
-                record, learned = self._learn_from_trial(record, settings, now)
+            if served is not None:
+                record, learned = self._learn_from_trial(record, served, settings, now)
                 if self._instead is not None and record.error is not None:
                     record = self._move_instead(record, self._instead, learned, now)
         else:
@@ -194,22 +200,17 @@ class ControlLoop:
         return judge
 
     def _learn_from_trial(
-        self, record: TickRecord, settings: TunerSettings, now: float
-    ) -> tuple[TickRecord, str | None]:
+        self, record: TickRecord, served: Observation, settings: TunerSettings, now: float
+    ) -> tuple[TickRecord, str]:
         """Fold what the trial's canary served into the state (promoted or not, it measured
         the config) and say so in the decision's reason; also returns what it taught."""
-        if not isinstance(self.actuator, TrialActuator):
-            return record, None
-        served = self.actuator.trial_observation()
-        if served is None:
-            return record, None
         config = record.decision.config
         self.state, learned = learn_trial(served, config, self.state, settings, self.cost, now)
         decision = replace(record.decision, reason=f"{record.decision.reason}; {learned}")
         return replace(record, decision=decision), learned
 
     def _move_instead(
-        self, record: TickRecord, instead: Decision, learned: str | None, now: float
+        self, record: TickRecord, instead: Decision, learned: str, now: float
     ) -> TickRecord:
         """The judge turned a trial's canary down for another config of its method: move the
         main replicas there now. The trial's restart (already in the state) is this move's."""
@@ -224,8 +225,8 @@ class ControlLoop:
         previous = self.state.current
         self.state = replace(self.state, current=instead.config, since_s=now)
         self._pending = self._pending_check(record.observation, instead, previous)
-        taught = f"; the canary of {tried.describe()} taught: {learned}" if learned else ""
-        reason = f"{instead.reason[:600]}{taught}"[:1000]
+        reason = f"{instead.reason[:600]}; the canary of {tried.describe()} taught: {learned}"
+        reason = reason[:1000]
         return replace(record, decision=replace(instead, reason=reason), applied=True, error=None)
 
     def _pending_check(

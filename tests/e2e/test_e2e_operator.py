@@ -329,7 +329,11 @@ def test_the_tuners_trial_runs_on_a_canary_beside_the_main_pods(
             lambda: (d := _last_decision(apiserver, "trial")) and "ngram" in d["config"] and d,
             timeout_s=180,  # canary start, 20 s warm-up and a 60 s window
         )
-        assert decision["reason"].startswith("exploring"), decision
+        # the trial's own decision, or the move its judge made instead to another config of
+        # n-gram (the schedule's canary taught that static K=3 is better), which says so
+        assert decision["reason"].startswith("exploring") or (
+            "the canary of ngram" in decision["reason"]
+        ), decision
         wait_for(
             "the canary Deployment deleted (promoted or discarded)",
             lambda: apiserver.get("apps", "deployments", NAMESPACE, "trial-canary") is None,

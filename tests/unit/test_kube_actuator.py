@@ -584,6 +584,34 @@ def test_a_canary_of_one_k_can_move_the_main_replicas_to_another_k_of_its_method
     assert "the canary of ngram K=1 taught: the canary ran ngram K=1" in record.decision.reason
 
 
+@dataclass
+class OneRunningPerPod(PerPodMetrics):
+    def window(
+        self, engine: str, targets: Sequence[PodTarget], window_s: float
+    ) -> list[WindowStats]:
+        return [
+            replace(stats, gauges={"running": 1.0})
+            for stats in super().window(engine, targets, window_s)
+        ]
+
+
+def test_the_loop_learns_a_rejected_canary_over_the_kube_actuator_despite_its_rollback() -> None:
+    # the rollback after a rejected canary is an apply, and KubeActuator forgets its last
+    # canary at each apply: the loop must read the canary's window before rolling back
+    cluster = FakeCluster(controller=settle)
+    slow_ngram = OneRunningPerPod(
+        lambda t: 50.0 if t.config and t.config["method"] == "ngram" else 115.0
+    )
+    act = actuator(cluster, slow_ngram, canary_window_s=10)
+    loop = _ngram_trial_loop(act)
+    loop.start()
+    record = loop.tick(100.0)
+    assert record.decision.trial and record.error is not None and "CanaryRejected" in record.error
+    assert act.config == SpecConfig() and act.trial_observation() is None  # the rollback
+    assert "the canary ran ngram K=3 at batch 1.0: 50 tok/s" in record.decision.reason
+    assert any(r.config == NGRAM for r in loop.state.residuals)
+
+
 def test_without_a_canary_the_loop_does_not_explore() -> None:
     # the same window as above: with no canary to run it on (one replica), a trial would take
     # all the traffic, and the tuner stays
