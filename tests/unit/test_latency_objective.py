@@ -18,6 +18,8 @@ from specpilot.tuner import (
     TunerSettings,
     TunerState,
     decide,
+    judge_trial,
+    learn_trial,
 )
 from specpilot.tuner._model.residual_gp import ResidualPoint
 from specpilot.tuner.policy.latency import (
@@ -358,3 +360,22 @@ def test_a_config_that_never_ran_enters_only_if_its_capacity_one_sd_down_has_the
     measured = latency_score(EAGLE, curves[1], peak, peak, margin, unit)
     assert sure.overloaded and not measured.overloaded
     assert sure.capacity == measured.capacity == top.tokens_per_s
+
+
+def test_a_canary_is_judged_with_its_capacity_one_sd_down() -> None:
+    # the canary measured EAGLE-3 exactly at the physics prior, at half the main replicas'
+    # batch: near capacity the judge must be as sure of it as of a config that never ran
+    # (`TunerSettings.unproven`), so it promotes at fewer loads than a reading at the mean
+    chosen = replace(settings(), min_dwell_s=0.0)
+    state = TunerState.initial(NO_SPEC, 0.0, PRIORS)
+    promoted, at_the_mean = [], []
+    for batch in (8.0, *(float(b) for b in range(32, 97, 4)), 256.0):
+        main, canary = window(NO_SPEC, batch), window(EAGLE, batch / 2)
+        verdict = judge_trial(main, canary, EAGLE, state, chosen, COST, 1000.0)
+        promoted.append(verdict.rejection is None)
+        learned, _ = learn_trial(canary, EAGLE, state, chosen, COST, 1000.0)
+        decision, _ = decide(main, learned, chosen, COST, 1000.0)
+        at_the_mean.append(decision.config == EAGLE)
+    assert promoted[0] and not promoted[-1]  # light load: EAGLE-3; at max-num-seqs: not
+    assert all(mean for sure, mean in zip(promoted, at_the_mean, strict=True) if sure)
+    assert sum(at_the_mean) > sum(promoted), (promoted, at_the_mean)

@@ -117,9 +117,11 @@ def judge_trial(
     would move to another config of the same method instead, that move is the verdict's
     `instead`. A canary's own speed says little about capacity (it ran at a share of the
     traffic); the tuner's model, corrected by what the canary measured, reads it at the load
-    ahead."""
+    ahead, its capacity one sd down (`TunerSettings.unproven`) as for a config that never
+    ran on the main replicas."""
     learned, _ = learn_trial(canary, config, state, settings, cost, now)
-    decision, _ = decide(main, learned, replace(settings, exploration=0.0), cost, now)
+    judging = replace(settings, exploration=0.0, unproven=(*settings.unproven, config))
+    decision, _ = decide(main, learned, judging, cost, now)
     if decision.config == config:
         return TrialVerdict(None)
     if decision.action == "stay":

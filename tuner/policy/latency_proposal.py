@@ -104,7 +104,7 @@ def propose_for_latency(
     # guess for a speculative path; a config that ran here has a measured correction instead,
     # and no speculation is the roofline's own baseline (what a world hides from the prior, it
     # hides from every config alike).
-    ran = {r.config for r in state.residuals}
+    ran = {r.config for r in state.residuals} - set(settings.unproven)
     # A method left for capacity is held to what it served then until it serves more: under a
     # queue that is its capacity, and short of one it is the load it was left at; the prior's
     # capacity at a batch the method never ran at is a guess, and re-entering on that guess at
