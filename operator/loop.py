@@ -124,6 +124,9 @@ class ControlLoop:
     """True while the loop applies a rollback (an actuator wrapper may label it so)."""
     _failed: dict[SpecConfig, float] = field(default_factory=dict)
     _pending: _PendingCheck | None = None
+    _canary_only: set[SpecConfig] = field(default_factory=set)
+    """Configs a trial's canary measured that the main replicas have not run since: the tuner
+    reads their capacity one sd down (`TunerSettings.unproven`)."""
     _instead: Decision | None = None
     """The move the last trial's judge would make instead of promoting its canary."""
 
@@ -148,6 +151,8 @@ class ControlLoop:
             if share is None
             else replace(settings, trial_share=share)
         )
+        if self._canary_only:
+            settings = replace(settings, unproven=tuple(sorted(self._canary_only, key=str)))
         previous = self.state
         decision, state = decide(observation, self.state, settings, self.cost, now)
         record = TickRecord(now, observation, decision, applied=False)
@@ -175,8 +180,12 @@ class ControlLoop:
                 record = replace(record, error=f"{type(exc).__name__}: {exc}"[:500])
             if served is not None:
                 record, learned = self._learn_from_trial(record, served, settings, now)
+                if record.error is not None:
+                    self._canary_only.add(decision.config)
                 if self._instead is not None and record.error is not None:
                     record = self._move_instead(record, self._instead, learned, now)
+            if record.applied:
+                self._canary_only.discard(record.decision.config)
         else:
             self.state = state
         return record
@@ -292,4 +301,8 @@ class ControlLoop:
         if not blocked:
             return self.settings
         allowed = tuple(c for c in self.settings.candidates if c not in blocked)
-        return replace(self.settings, candidates=allowed or self.settings.candidates)
+        return replace(
+            self.settings,
+            candidates=allowed or self.settings.candidates,
+            excluded=tuple(sorted(blocked, key=str)),
+        )

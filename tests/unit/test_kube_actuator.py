@@ -610,6 +610,10 @@ def test_the_loop_learns_a_rejected_canary_over_the_kube_actuator_despite_its_ro
     assert act.config == SpecConfig() and act.trial_observation() is None  # the rollback
     assert "the canary ran ngram K=3 at batch 1.0: 50 tok/s" in record.decision.reason
     assert any(r.config == NGRAM for r in loop.state.residuals)
+    # only a canary ran it: its capacity is still read one sd down; and it is backed off,
+    # synthesised schedules included
+    assert loop._canary_only == {NGRAM}
+    assert loop._without_failed(200.0).excluded == (NGRAM,)
 
 
 def test_without_a_canary_the_loop_does_not_explore() -> None:

@@ -322,3 +322,16 @@ def test_a_synthesised_schedule_with_one_k_everywhere_is_not_a_config_of_its_own
     monkeypatch.setattr(propose, "synthesize_schedule", lambda *_: ((1, 1024, 3),))
     space = propose._space(settings_, PRIORS, COST, 0.0, 1024.0)
     assert [c.schedule for c in space if c.schedule is not None] == [((1, 1024, 3),)]
+
+
+def test_an_excluded_schedule_is_not_synthesised_back_into_the_space() -> None:
+    # the control loop backs off a config its canary rejected; a schedule is synthesised anew
+    # each tick, so the backoff must reach the space, not only the candidates
+    from specpilot.tuner.policy import propose
+
+    settings_ = TunerSettings(candidates=CANDIDATES)
+    space = propose._space(settings_, PRIORS, COST, 0.0, 1024.0)
+    scheduled = [c for c in space if c.schedule is not None]
+    assert scheduled
+    excluded = replace(settings_, excluded=(scheduled[0],))
+    assert scheduled[0] not in propose._space(excluded, PRIORS, COST, 0.0, 1024.0)

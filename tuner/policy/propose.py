@@ -107,7 +107,7 @@ def _space(
                 # lack what the static one measured, and look better for it
                 continue
             space.append(replace(config, num_speculative_tokens=top, schedule=schedule))
-    return space
+    return [c for c in space if c not in settings.excluded]
 
 
 def _score(

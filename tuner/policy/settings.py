@@ -63,11 +63,15 @@ class TunerSettings:
     main replicas (the control loop sets it from the actuator). A trial's expected loss is
     scaled by it, and a canary that disappoints is deleted without touching the main
     replicas, so below 1 a trial costs a restart only when it is promoted."""
+    excluded: tuple[SpecConfig, ...] = ()
+    """Configs not to move to, synthesised schedules included (the control loop's backed-off
+    configs: a schedule rejected on a canary is synthesised again on the next tick)."""
     unproven: tuple[SpecConfig, ...] = ()
-    """Configs whose capacity is read one sd down though they have a measured residual: a
-    trial's config while its canary is judged (the canary measured it at its own batch, a
-    share of the traffic, not at the batch a backlog would drive the main replicas to; read
-    at the mean there, the judge promoted EAGLE-3 into overload at 4 replicas)."""
+    """Configs whose capacity is read one sd down though they have a measured residual: those
+    only a canary ran (the control loop's), and a trial's config while its canary is judged.
+    A canary measures at its own batch, a share of the traffic, not at the batch a backlog
+    would drive the main replicas to; read at the mean there, the judge promoted EAGLE-3 into
+    overload at 4 replicas."""
     acceptance_model: AcceptanceModel = "posterior"
     """posterior: per-position Beta posteriors learning (p, r) and the task mix; moving-average:
     the running method's length averaged at a fixed rate (an ablation, `policy.ablation`)."""
