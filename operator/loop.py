@@ -182,8 +182,8 @@ class ControlLoop:
                 record, learned = self._learn_from_trial(record, served, settings, now)
                 if record.error is not None:
                     self._canary_only.add(decision.config)
-                if self._instead is not None and record.error is not None:
-                    record = self._move_instead(record, self._instead, learned, now)
+                    if self._instead is not None:
+                        record = self._move_instead(record, self._instead, learned, now)
             if record.applied:
                 self._canary_only.discard(record.decision.config)
         else:
@@ -230,7 +230,7 @@ class ControlLoop:
             self._failed[instead.config] = now
             self._roll_back_to(self.state.current)
             why = f"{type(exc).__name__}: {exc}"[:250]
-            return replace(record, error=f"{record.error}"[:250] + f"; then instead: {why}")
+            return replace(record, error=f"{(record.error or '')[:250]}; then instead: {why}")
         previous = self.state.current
         self.state = replace(self.state, current=instead.config, since_s=now)
         self._pending = self._pending_check(record.observation, instead, previous)
