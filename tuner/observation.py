@@ -56,7 +56,7 @@ class Observation:
         `running_requests` is a per-engine mean, and the tuner models one engine (its step
         cost and batch), so it reads throughput in this unit."""
         total = self.generation_tokens_per_s
-        return None if total is None else total / max(1, len(self.pods))
+        return None if total is None else total / max(1, self.engines)
 
     @property
     def unknown(self) -> tuple[str, ...]:
