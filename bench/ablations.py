@@ -5,7 +5,8 @@ Each run is one `specpilot bench --policies ...` command over the yardstick's tr
 Azure conversation trace at peak 1.2 and the Poisson sweep, vLLM dialect, surge rollout) and
 over bench/traces/taskmix.csv (the task mix moving at a steady 6 req/s): no
 speculation, the full tuner and each ablation (operator/app/bench/policies.py, `ABLATIONS`):
-- specpilot:no-gp: the residual GP off, the shared offset kept (every config corrected alike);
+- specpilot:no-gp: the residual GP and its per-method levels off, the shared offset kept (every
+  config corrected alike);
 - specpilot:moving-average: acceptance as the running method's length averaged at rate 0.3
   (tuner/policy/ablation.py), no (p, r) posterior and no task mix;
 - specpilot:no-schedules: no synthesised per-batch K schedules;

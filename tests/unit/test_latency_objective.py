@@ -25,6 +25,7 @@ from specpilot.tuner._model.residual_gp import ResidualPoint
 from specpilot.tuner.policy.latency import (
     OVERLOAD_PENALTY,
     QUEUE_GROWTH,
+    backlog_point,
     batch_limit,
     latency_score,
     load_curves,
@@ -205,6 +206,29 @@ def test_an_overloaded_speculative_config_is_left_for_more_capacity() -> None:
     assert math.isfinite(decision.predicted_gain)
 
 
+def test_a_config_slower_at_its_batch_limit_than_at_its_best_is_read_at_the_limit() -> None:
+    # Bistable: best at batch 64, slower past it. A demand between what it serves at the limit
+    # and its best would hold a steady batch below 64 until a burst pushed it past, and then
+    # the queue grows on its own: at the peak it is overloaded.
+    curve = load_curves([EAGLE], Surrogate(COST, PRIORS), CONTEXT, settings())[0]
+    peak = max(p.tokens_per_s for _, p in curve)
+    bent = [
+        (b, replace(p, tokens_per_s=peak * min(1.0, b / 64.0) * (64.0 / max(b, 64.0)) ** 0.5))
+        for b, p in curve
+    ]
+    limit_b, at_limit = bent[-1]
+    best = max(p.tokens_per_s for _, p in bent)
+    assert at_limit.tokens_per_s < 0.7 * best
+    assert backlog_point(bent) == (limit_b, at_limit)
+    unit = overload_unit([bent])
+    between = (at_limit.tokens_per_s + best) / 2
+    score = latency_score(EAGLE, bent, 0.1 * between, between, 0.0, unit)
+    assert score.overloaded and score.capacity == at_limit.tokens_per_s
+    assert score.batch == limit_b
+    # A curve rising to its limit is read at its limit, as before.
+    assert backlog_point(curve) == curve[-1]
+
+
 def test_a_batch_far_above_the_steady_one_reads_as_an_engine_behind_its_demand() -> None:
     curve = load_curves([NO_SPEC], Surrogate(COST, PRIORS), CONTEXT, settings())[0]
     demand = throughput_at(curve, 32.0)
@@ -235,14 +259,14 @@ def test_throughput_keeps_todays_behaviour() -> None:
 
 
 def test_a_move_for_capacity_off_speculation_trusts_the_baseline() -> None:
-    """Overloaded on EAGLE-3 at max-num-seqs, with no speculation predicted about 5% more
+    """Overloaded on EAGLE-3 at max-num-seqs, with no speculation predicted about 2% more
     capacity, less than its one-sd spread: it is taken whether it ran (a measured correction)
     or not. No speculation is the roofline's own baseline: what a world hides from its prior
     (compute, overheads) it hides from every config alike, and the speculative path's share
     (acceptance, drafting, verification) is what the one-sd doubt is for. Started on EAGLE-3
     K=3 in world 4 of the Poisson sweep at 0.9, doubting it kept EAGLE-3 for the whole trace
     with thousands of requests queued."""
-    residuals = (ResidualPoint(EAGLE, 8, 0.0, 8.0), ResidualPoint(NO_SPEC, 6, -0.25, 8.0))
+    residuals = (ResidualPoint(EAGLE, 8, 0.0, 8.0), ResidualPoint(NO_SPEC, 6, -0.1, 8.0))
     surrogate = Surrogate(COST, PRIORS, residuals=residuals, prefill_ratio=PREFILL_RATIO)
     running, other = surrogate.predict_many([EAGLE, NO_SPEC], 256.0, CONTEXT)
     assert 1.0 < other.tokens_per_s / running.tokens_per_s < math.exp(other.uncertainty)

@@ -100,6 +100,41 @@ def test_the_fit_corrects_the_prior_where_it_measured_and_stays_unsure_elsewhere
     assert there.uncertainty < far.uncertainty
 
 
+def test_a_method_measured_slow_stays_slow_far_from_the_batches_it_was_measured_at() -> None:
+    # No speculation measured at every load, its residual wavy in the batch (so the fitted
+    # length scale is short); EAGLE-3 K=3 measured 30% slow at batch 16 and 32 only (a canary's
+    # share). At batch 256, where a backlog would drive it, it is still read slow: the GP
+    # deviates from the method's level, not from the shared offset (which read it ~0.89x there).
+    plain = [ResidualPoint(PLAIN, b, 0.1 * math.sin(1.3 * b), 8.0) for b in range(9)]
+    slow = [ResidualPoint(EAGLE[1], b, math.log(0.7), 4.0) for b in (4, 5)]
+    surrogate = Surrogate(COST, dict(PRIORS), residuals=(*plain, *slow))
+    fit = surrogate.residual_fit
+    assert fit is not None
+    assert fit.levels["eagle3"] < math.log(0.75) < fit.levels["none"]
+    for config in (EAGLE[1], EAGLE[2]):  # the level is the method's: its other K too
+        for batch in (16.0, 256.0):
+            ratio = (
+                surrogate.predict(config, batch, 1024.0).tokens_per_s
+                / surrogate.prior(config, batch, 1024.0).tokens_per_s
+            )
+            assert ratio == pytest.approx(0.7, abs=0.04), (config, batch)
+    # A method nothing measured has no level: the shared offset alone is its mean.
+    assert "ngram" not in fit.levels
+
+
+def test_one_window_moves_a_methods_level_by_most_but_not_all_it_showed() -> None:
+    def share_of_what_it_showed(windows: float) -> float:
+        points = [
+            ResidualPoint(PLAIN, 5, 0.0, 8.0),
+            ResidualPoint(EAGLE[0], 5, math.log(0.8), windows),
+        ]
+        offset = residual_gp.shared_offset(points)
+        return residual_gp.method_levels(points, offset)["eagle3"] / (math.log(0.8) - offset)
+
+    assert share_of_what_it_showed(1.0) == pytest.approx(0.8)
+    assert share_of_what_it_showed(8.0) == pytest.approx(8.0 / 8.25)
+
+
 def test_without_data_the_prediction_is_the_prior_with_its_uncertainty() -> None:
     sd = {"eagle3": 0.05, "ngram": 0.2}
     surrogate = Surrogate(COST, dict(PRIORS), acceptance_sd=sd)
@@ -188,7 +223,7 @@ def test_the_posterior_is_scikit_optimizes() -> None:
         h.length_scale, "fixed", nu=2.5
     ) + WhiteKernel(h.noise**2, "fixed")
     x = np.array([features(p.config, 2.0**p.log2_batch, None) for p in points])
-    y = np.array([p.mean - fit.offset for p in points])
+    y = np.array([p.mean - fit.offset - fit.levels[p.config.method] for p in points])
     alpha = np.array([residual_gp.WINDOW_NOISE / p.weight for p in points])
     reference = GaussianProcessRegressor(
         kernel=kernel, alpha=alpha, optimizer=None, noise="gaussian"
@@ -198,7 +233,8 @@ def test_the_posterior_is_scikit_optimizes() -> None:
         np.array([features(c, 24.0, None) for c in queries]), return_std=True
     )
     ours_mean, ours_std = fit.predict(queries, 24.0, 1024.0)
-    assert np.allclose(np.array(ours_mean) - fit.offset, mean, atol=1e-9)
+    levels = np.array([fit.offset + fit.levels.get(c.method, 0.0) for c in queries])
+    assert np.allclose(np.array(ours_mean) - levels, mean, atol=1e-9)
     assert np.allclose(ours_std, std, atol=1e-9)
 
 

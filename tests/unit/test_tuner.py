@@ -81,7 +81,7 @@ def in_space(config: SpecConfig) -> bool:
         max_size=12,
     )
 )
-def test_never_leaves_space_and_respects_dwell_and_budget(ticks: list) -> None:
+def test_never_leaves_space_and_respects_dwell_budget_and_its_reserve(ticks: list) -> None:
     tuning = TunerSettings(candidates=CANDIDATES, min_dwell_s=120.0, restart_budget_per_hour=2)
     state = TunerState.initial(SpecConfig(), 0.0, PRIORS)
     now, switches = 0.0, []
@@ -98,6 +98,10 @@ def test_never_leaves_space_and_respects_dwell_and_budget(ticks: list) -> None:
         else:
             # only a fresh deployment's first move may come sooner (tests/unit/test_first_move.py)
             assert now - before.since_s >= tuning.min_dwell_s or not before.restarts
+            # the budget's last restart is kept for the way back: off speculation, or for
+            # capacity (whose first window is not speed-checked: a queue grows the batch)
+            if len([s for s in switches if now - 3600 < s]) == tuning.restart_budget_per_hour - 1:
+                assert decision.action == "off" or not decision.speed_checked, decision.reason
             switches.append(now)
             assert state.current == decision.config and state.since_s == now
     for t in switches:

@@ -2,12 +2,17 @@
 
 Contract: `fit_residuals(points)` returns None for no points, else a `ResidualFit`: the shared
 offset (the support-weighted mean residual: how far the hardware model is off for every config
-at once) and, on what the offset leaves, a scikit-optimize GP over (method, K, log batch,
-scheduled, log context). Its kernel is amplitude x Matern(5/2) + white noise; all three
-hyperparameters are fitted by maximising the marginal likelihood (L-BFGS from the initial
-values and one seeded restart), within bounds that keep a few dozen noisy summaries from
-fitting nonsense. `ResidualFit.predict(configs, batch, context)` returns the correction's mean
-(offset included) and std in log throughput: the latent function's std, a config's true speed,
+at once), each method's level (how far its own summaries sit from the offset, shrunk toward
+none by how little support they have), and, on what those leave, a scikit-optimize GP over
+(method, K, log batch, scheduled, log context). The level is the GP's mean for the method: far
+from the batches it was measured at, a method's correction reverts to its own level, not to the
+shared offset (a drafter measured 25% slow at batch 50 is still read slow at batch 256, where a
+backlog would drive it; with the offset alone as the mean, it was read near the prior there).
+Its kernel is amplitude x Matern(5/2) + white noise; all three hyperparameters are fitted by
+maximising the marginal likelihood (L-BFGS from the initial values and one seeded restart),
+within bounds that keep a few dozen noisy summaries from fitting nonsense.
+`ResidualFit.predict(configs, batch, context)` returns the correction's mean (offset and
+level included) and std in log throughput: the latent function's std, a config's true speed,
 not one window's.
 
 Bounded: the GP sees the FIT_POINTS most supported summaries (the offset sees all). A
@@ -29,7 +34,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +57,9 @@ RESTARTS = 1
 MAX_ITERATIONS = 60
 """L-BFGS iterations per start: three hyperparameters converge well within it, and it bounds a
 fit's cost on a degenerate set."""
+LEVEL_SD = 0.2
+"""Prior std of a method's level around the shared offset (log units). With WINDOW_NOISE, one
+window of a method moves its level by 80% of what it measured, four windows by 94%."""
 RESIDUAL_QUANTUM = 0.025
 """Resolution (log units, 2.5%) of the residuals the hyperparameters are fitted on: a quarter
 of the per-window noise assumed (WINDOW_NOISE), and a few times what one more window moves a
@@ -93,6 +101,7 @@ class ResidualFit:
     def __init__(
         self,
         offset: float,
+        levels: Mapping[str, float],
         rows: Sequence[Row],
         hyperparameters: Hyperparameters,
         log2_context: float | None,
@@ -101,6 +110,8 @@ class ResidualFit:
         from scipy.linalg import cho_factor, cho_solve
 
         self.offset = offset
+        self.levels = dict(levels)
+        """Each measured method's level above the offset (log units); others have none."""
         self.hyperparameters = hyperparameters
         self.points = len(rows)
         """How many summaries the GP was fitted on (at most FIT_POINTS)."""
@@ -118,8 +129,9 @@ class ResidualFit:
     def predict(
         self, configs: Sequence[SpecConfig], batch: float, context: float
     ) -> tuple[list[float], list[float]]:
-        """Mean (offset included) and std of log(true / prior) throughput per config; the std
-        is the latent function's (a config's true speed), without the per-summary noise."""
+        """Mean (offset and the method's level included) and std of log(true / prior) throughput
+        per config; the std is the latent function's (a config's true speed), without the
+        per-summary noise."""
         if not configs:
             return [], []
         import numpy as np
@@ -132,7 +144,10 @@ class ResidualFit:
             "ki,kj,ij->k", cross, cross, self._inverse
         )
         stds = np.sqrt(np.maximum(latent, 0.0))
-        return [self.offset + float(m) for m in means], [float(s) for s in stds]
+        return [
+            self.offset + self.levels.get(c.method, 0.0) + float(m)
+            for c, m in zip(configs, means, strict=True)
+        ], [float(s) for s in stds]
 
 
 def _matern(a: Any, b: Any, hyperparameters: Hyperparameters) -> Any:
@@ -164,10 +179,25 @@ def shared_offset(points: Sequence[ResidualPoint]) -> float:
     return math.fsum(p.mean * p.weight for p in points) / total if total > 0 else 0.0
 
 
+def method_levels(points: Sequence[ResidualPoint], offset: float) -> dict[str, float]:
+    """Each method's support-weighted mean residual above `offset`, shrunk toward 0 as a
+    posterior mean under a LEVEL_SD prior with WINDOW_NOISE per window: a method one window
+    measured is not yet sure to be off by all it showed."""
+    support: dict[str, list[tuple[float, float]]] = {}
+    for p in points:
+        support.setdefault(p.config.method, []).append((p.weight, p.mean - offset))
+    shrink = WINDOW_NOISE / LEVEL_SD**2
+    return {
+        method: math.fsum(w * d for w, d in rows) / (math.fsum(w for w, _ in rows) + shrink)
+        for method, rows in sorted(support.items())
+    }
+
+
 def fit_residuals(points: Sequence[ResidualPoint]) -> ResidualFit | None:
     if not points:
         return None
     offset = shared_offset(points)
+    levels = method_levels(points, offset)
     chosen = bounded(points)
     log2_context = _reference_context(chosen)
     # Sorted: the state reorders summaries as it updates them, which changes no fit.
@@ -175,21 +205,21 @@ def fit_residuals(points: Sequence[ResidualPoint]) -> ResidualFit | None:
         sorted(
             (
                 tuple(features(p.config, 2.0**p.log2_batch, _point_context(p, log2_context))),
-                p.mean - offset,
+                p.mean - offset - levels[p.config.method],
                 WINDOW_NOISE / max(p.weight, 1e-6),
             )
             for p in chosen
         )
     )
-    key = (offset, log2_context, rows)
+    key = (offset, tuple(levels.items()), log2_context, rows)
     fit = _POSTERIORS.get(key)
     if fit is None:
-        coarse = _coarse(chosen, offset, log2_context)
+        coarse = _coarse(chosen, offset, levels, log2_context)
         hyperparameters = _HYPERPARAMETERS.get(coarse)
         if hyperparameters is None:
             hyperparameters = fit_hyperparameters(coarse)
             _remember(_HYPERPARAMETERS, coarse, hyperparameters)
-        fit = ResidualFit(offset, rows, hyperparameters, log2_context)
+        fit = ResidualFit(offset, levels, rows, hyperparameters, log2_context)
         _remember(_POSTERIORS, key, fit)
     else:
         _POSTERIORS.move_to_end(key)
@@ -241,10 +271,13 @@ def fit_hyperparameters(rows: Sequence[Row]) -> Hyperparameters:
 
 
 def _coarse(
-    points: Sequence[ResidualPoint], offset: float, log2_context: float | None
+    points: Sequence[ResidualPoint],
+    offset: float,
+    levels: Mapping[str, float],
+    log2_context: float | None,
 ) -> tuple[Row, ...]:
-    """The rows as the hyperparameters see them: residual and offset each to the quantum,
-    support to the power of two below it (one more window changes neither, mostly)."""
+    """The rows as the hyperparameters see them: residual, offset and levels each to the
+    quantum, support to the power of two below it (one more window changes neither, mostly)."""
 
     def quantised(value: float) -> float:
         return RESIDUAL_QUANTUM * round(value / RESIDUAL_QUANTUM)
@@ -254,7 +287,7 @@ def _coarse(
         sorted(
             (
                 tuple(features(p.config, 2.0**p.log2_batch, _point_context(p, log2_context))),
-                quantised(p.mean) - base,
+                quantised(p.mean) - base - quantised(levels[p.config.method]),
                 WINDOW_NOISE / 2.0 ** math.floor(math.log2(max(p.weight, 1.0))),
             )
             for p in points

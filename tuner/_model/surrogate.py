@@ -7,8 +7,10 @@ the method's acceptance estimate and the K the schedule gives at that batch, ove
 time (verification of batch x (K+1) tokens plus drafting, from `StepCost`). The correction is
 learned from what was measured: the log ratio of measured to prior throughput, summarised per
 (config, batch bucket), is split into a shared offset (the support-weighted mean: how far the
-hardware model is off for every config at once) and a Gaussian process (scikit-optimize) over
-(method, K, log batch, scheduled, log context) on what the offset leaves, its kernel's
+hardware model is off for every config at once), a level per method (how far its own summaries
+sit from the offset: the GP's mean for it, so far from where it was measured a method keeps
+its level) and a Gaussian process (scikit-optimize) over (method, K, log batch, scheduled,
+log context) on what those leave, its kernel's
 hyperparameters fitted by marginal likelihood and the fit cached by its data
 (`residual_gp`). With no residuals the prediction is the prior, with the prior's uncertainty.
 The acceptance estimate's own uncertainty (`acceptance_sd`, per method) adds to it: a method

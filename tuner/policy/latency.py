@@ -14,12 +14,12 @@ Little's law the batch b a config settles at under demand D satisfies D = b / TP
 the surrogate's throughput at b. Comparing configs at the batch the running one happens to hold
 overstates the slow config's batch.
 
-Why capacity dominates: a config whose best throughput (at max-num-seqs, or at the KV limit)
-falls below the demand builds a queue that grows for as long as the demand lasts; every request
-waits behind it. No per-token gain at low load pays for that, so such a config's latency is
-priced as the slowest per-token latency of any config times `OVERLOAD_PENALTY`, growing with
-the shortfall it would face (`QUEUE_GROWTH`): among configs that all fall short, the one with
-the most capacity wins, by the queue it saves.
+Why capacity dominates: a config whose throughput under a backlog (at max-num-seqs, or at the
+KV limit; see `backlog_point`) falls below the demand builds a queue that grows for as long as
+the demand lasts; every request waits behind it. No per-token gain at low load pays for that,
+so such a config's latency is priced as the slowest per-token latency of any config times
+`OVERLOAD_PENALTY`, growing with the shortfall it would face (`QUEUE_GROWTH`): among configs
+that all fall short, the one with the most capacity wins, by the queue it saves.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class LatencyScore:
     tpot_s: float
     """Predicted per-token latency at that batch (its full-batch one when overloaded)."""
     capacity: float
-    """Predicted output tokens/s at its largest batch."""
+    """Predicted output tokens/s it sustains under a backlog (see `backlog_point`)."""
     overloaded: bool
     latency_s: float
     """Per-token latency as the objective prices it (the overload penalty included)."""
@@ -129,7 +129,7 @@ def latency_score(
     (a costly speculative path, a slow drafter), and a move there must be sure of it.
     `ceiling` caps the capacity at what was seen (what the config served when it was left for
     capacity)."""
-    top_batch, top = max(curve, key=lambda point: point[1].tokens_per_s)
+    top_batch, top = backlog_point(curve)
     # The mean for a config that ran, not a pessimistic bound: far from any measured batch the
     # surrogate's spread is wide, and a bound would keep speculation off wherever the load is
     # not tiny; the margin and the hysteresis carry the caution. Entering a config that never
@@ -161,6 +161,16 @@ def latency_score(
         latency_s=tpot,
         uncertainty=uncertainty,
     )
+
+
+def backlog_point(curve: Curve) -> tuple[float, Prediction]:
+    """Where the config serves a backlog: the batch past its best throughput at which that
+    throughput is least (the batch limit, unless the curve turns up again). A config whose
+    throughput falls past its best is bistable: a burst that takes it past the best batch
+    leaves it slower, so the queue grows on its own; what it sustains is the least it serves
+    beyond that batch, not its best."""
+    best = max(range(len(curve)), key=lambda i: curve[i][1].tokens_per_s)
+    return min(curve[best:], key=lambda point: point[1].tokens_per_s)
 
 
 def overload_factor(overload: float) -> float:

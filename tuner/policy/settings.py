@@ -76,8 +76,8 @@ class TunerSettings:
     """posterior: per-position Beta posteriors learning (p, r) and the task mix; moving-average:
     the running method's length averaged at a fixed rate (an ablation, `policy.ablation`)."""
     residual_model: ResidualModel = "gp"
-    """gp: the shared offset plus the fitted GP over the residuals; offset: the shared offset
-    alone (an ablation: every config corrected alike)."""
+    """gp: the shared offset, each method's level and the fitted GP over the residuals;
+    offset: the shared offset alone (an ablation: every config corrected alike)."""
     lumpy_prefill: bool = True
     """Price prefill in lumps of the traffic's mean prompt (`StepCost.serving_step_time`), not
     spread over every step (False: `specpilot:averaged-prefill` in `specpilot bench`). The
