@@ -14,6 +14,7 @@ server alive: asking for another stops the current one.
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import threading
 import time
@@ -294,7 +295,19 @@ def finish_clock_offset(served: Sequence[Served]) -> float:
     forward after the server started put the finish 0.486 s behind the client's receipt. The
     median gap from the finish to the receipt measures that shift (plus the answer's
     milliseconds on the wire)."""
-    return statistics.median(s.returned_s - float(s.meta["request_finished_ts"]) for s in served)
+    return statistics.median(_finish_gaps(served))
+
+
+def finish_offset_spread(served: Sequence[Served]) -> float:
+    """How far `finish_clock_offset` may put one request's finish from where it was: the
+    spread of the finish-to-receipt gaps (the answer's time on the wire varies, and more on a
+    loaded host), which the one offset for every request cannot follow."""
+    gaps = _finish_gaps(served)
+    return max(gaps) - min(gaps)
+
+
+def _finish_gaps(served: Sequence[Served]) -> list[float]:
+    return [s.returned_s - float(s.meta["request_finished_ts"]) for s in served]
 
 
 class GenerateLoop:
@@ -372,6 +385,13 @@ def mean_in_window(spans: Sequence[tuple[float, float]], start: float, end: floa
     each span counts only its part inside the window (no edge rounding)."""
     inside = sum(max(0.0, min(b, end) - max(a, start)) for a, b in spans)
     return inside / (end - start)
+
+
+def largest_overlap(spans: Sequence[tuple[float, float]]) -> float:
+    """The longest time a span (by start) runs past the start of the next one (0 when none
+    does)."""
+    ordered = sorted(spans)
+    return max([0.0, *(end - start for (_, end), (start, _) in itertools.pairwise(ordered))])
 
 
 def peak_open(spans: Sequence[tuple[float, float]]) -> int:

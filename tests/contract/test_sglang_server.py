@@ -47,8 +47,10 @@ from sglang_live import (
     Scraper,
     ServerPool,
     finish_clock_offset,
+    finish_offset_spread,
     gauge_values,
     generate,
+    largest_overlap,
     mean_in_window,
     peak_open,
     run_concurrently,
@@ -213,7 +215,10 @@ def test_batch_estimate_is_what_the_engine_held(plain: LiveServer, users: int) -
     if users > 1:
         assert peak_open(spans) >= 2
     else:
-        assert peak_open(spans) == 1  # one sequential user: the timestamps are consistent
+        # one sequential user: the timestamps are consistent. A span may run into the next
+        # only by what the shared clock offset misplaces its finish: a request sent on the
+        # previous one's receipt enters the scheduler after that one's true finish.
+        assert largest_overlap(spans) <= finish_offset_spread(load.served)
 
 
 def _bucket_deltas(first: Any, last: Any, name: str) -> list[tuple[float, float]]:
