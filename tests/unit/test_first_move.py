@@ -1,7 +1,7 @@
 """A fresh deployment's first move: before the minimum dwell only when it is safe (the target
-holds twice the demand ahead, one sd down), never for capacity alone (a slow world's prior
-overrates what a config never run at a large batch holds); after the first switch the dwell
-holds whatever the load."""
+holds twice the demand ahead, one sd down) or a move for capacity to no speculation; never for
+capacity into speculation (a slow world's prior overrates what a config never run at a large
+batch holds); after the first switch the dwell holds whatever the load."""
 
 from __future__ import annotations
 
@@ -39,18 +39,28 @@ def test_after_a_switch_the_dwell_holds_even_at_low_load() -> None:
     assert decision.action == "stay" and "dwell" in decision.reason, decision.reason
 
 
-def test_a_fresh_deployment_short_of_its_load_waits_out_the_dwell() -> None:
-    # its prior may overrate what a config never run at a large batch holds (a slow world)
+def test_a_fresh_deployment_on_speculation_short_of_its_load_leaves_it_at_once() -> None:
+    # no speculation is the roofline's baseline: no drafter for the prior to overrate
     batch = float(settings().max_batch)
-    held = first_decision(EAGLE, batch, waiting=400.0)
+    moved = first_decision(EAGLE, batch, waiting=400.0)
+    assert moved.action == "off" and moved.config == NO_SPEC, moved.reason
+
+
+def test_after_a_switch_a_move_for_capacity_waits_out_the_dwell() -> None:
+    batch = float(settings().max_batch)
+    held = first_decision(EAGLE, batch, waiting=400.0, restarted=True)
     assert held.action == "stay" and "dwell" in held.reason, held.reason
 
 
 def proposal(
-    *, headroom: float | None, trial: bool = False, for_capacity: bool = False
+    *,
+    headroom: float | None,
+    trial: bool = False,
+    for_capacity: bool = False,
+    config: SpecConfig = EAGLE,
 ) -> Proposal:
     return Proposal(
-        config=EAGLE,
+        config=config,
         prediction=None,  # type: ignore[arg-type]  # the rule reads none of it
         improvement=1.0,
         gain=0.5,
@@ -61,12 +71,16 @@ def proposal(
     )
 
 
-def test_the_early_move_needs_headroom_and_is_never_a_trial_made_for_speed() -> None:
+def test_the_early_move_needs_headroom_or_is_for_capacity_to_the_baseline_never_a_trial() -> None:
     fresh = TunerState.initial(NO_SPEC, 0.0, PRIORS)
     assert early_first_move(proposal(headroom=FIRST_MOVE_HEADROOM), fresh)
     assert not early_first_move(proposal(headroom=FIRST_MOVE_HEADROOM * 0.99), fresh)
     assert not early_first_move(proposal(headroom=None), fresh)  # objective without capacity
     assert not early_first_move(proposal(headroom=10.0, trial=True), fresh)
     assert not early_first_move(proposal(headroom=1.0, for_capacity=True), fresh)
+    to_baseline = proposal(headroom=1.0, for_capacity=True, config=NO_SPEC)
+    assert early_first_move(to_baseline, fresh)
+    assert not early_first_move(replace(to_baseline, trial=True), fresh)
     moved = replace(fresh, restarts=(0.0,))
     assert not early_first_move(proposal(headroom=10.0), moved)
+    assert not early_first_move(to_baseline, moved)

@@ -3,7 +3,7 @@
 Contract: `gate(proposal, running, belief, settings, cost, now)` returns the reason to stay, or
 None to act. A move waits out the minimum dwell (from the tuner's last switch, or from the
 start: one window of a fresh deployment does not tell the load ahead, unless the target holds
-`FIRST_MOVE_HEADROOM` times it) and the restart budget
+`FIRST_MOVE_HEADROOM` times it or the move is for capacity to no speculation) and the restart budget
 (restarts in the last hour; a move into speculation leaves the last one for a move for
 capacity, `keeps_the_reserve`), and must clear the hurdle (hysteresis, or the smaller saturation
 tolerance at max-num-seqs) and pay, over the expected dwell, for the restart: its lost serving
@@ -38,15 +38,20 @@ def recent_restarts(state: TunerState, now: float) -> list[float]:
 
 def early_first_move(proposal: Proposal, state: TunerState) -> bool:
     """Whether a fresh deployment may make its first move before the minimum dwell: a move
-    predicted better on the mean (not a trial) to a config with `FIRST_MOVE_HEADROOM`. Not a
-    move for capacity: in a world slower than its prior, a config never run at a large batch
-    may hold less than the prior says, and only a dwell's windows tell."""
-    return (
-        not state.restarts
-        and not proposal.trial
-        and proposal.headroom is not None
-        and proposal.headroom >= FIRST_MOVE_HEADROOM
-    )
+    predicted better on the mean (not a trial) to a config with `FIRST_MOVE_HEADROOM`, or a
+    move for capacity to no speculation.
+
+    A move for capacity into speculation waits: in a world slower than its prior, a config
+    never run at a large batch may hold less than the prior says, and only a dwell's windows
+    tell. No speculation is the roofline's own baseline, with no drafter to overrate, and a
+    deployment started on speculation short of its load builds a queue for the whole dwell
+    (Poisson at 0.9, started on EAGLE-3 K=3: 38318 ms mean E2E in the median world against
+    11726 for no speculation, `bench/results/poisson-vllm-start-eagle3.json` at 6dc8f8d)."""
+    if state.restarts or proposal.trial:
+        return False
+    if proposal.for_capacity and not proposal.config.speculative:
+        return True
+    return proposal.headroom is not None and proposal.headroom >= FIRST_MOVE_HEADROOM
 
 
 def keeps_the_reserve(proposal: Proposal) -> bool:
