@@ -124,9 +124,6 @@ class ControlLoop:
     """True while the loop applies a rollback (an actuator wrapper may label it so)."""
     _failed: dict[SpecConfig, float] = field(default_factory=dict)
     _pending: _PendingCheck | None = None
-    _canary_only: set[SpecConfig] = field(default_factory=set)
-    """Configs a trial's canary measured that the main replicas have not run since: the tuner
-    reads their capacity one sd down (`TunerSettings.unproven`)."""
     _instead: Decision | None = None
     """The move the last trial's judge would make instead of promoting its canary."""
 
@@ -151,8 +148,8 @@ class ControlLoop:
             if share is None
             else replace(settings, trial_share=share)
         )
-        if self._canary_only:
-            settings = replace(settings, unproven=tuple(sorted(self._canary_only, key=str)))
+        if self.state.canary_only:
+            settings = replace(settings, unproven=tuple(sorted(self.state.canary_only, key=str)))
         previous = self.state
         decision, state = decide(observation, self.state, settings, self.cost, now)
         record = TickRecord(now, observation, decision, applied=False)
@@ -181,11 +178,11 @@ class ControlLoop:
             if served is not None:
                 record, learned = self._learn_from_trial(record, served, settings, now)
                 if record.error is not None:
-                    self._canary_only.add(decision.config)
+                    self.state = self.state.measured_on_canary(decision.config)
                     if self._instead is not None:
                         record = self._move_instead(record, self._instead, learned, now)
             if record.applied:
-                self._canary_only.discard(record.decision.config)
+                self.state = self.state.ran_on_main(record.decision.config)
         else:
             self.state = state
         return record

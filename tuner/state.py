@@ -97,6 +97,10 @@ class TunerState:
     was left at), raised to the most it has served since. The policy holds the method's
     capacity to this (`policy.latency_proposal`): the physics prior's capacity at a batch the
     method never ran at is a guess, and the exit is what was seen."""
+    canary_only: tuple[SpecConfig, ...] = ()
+    """Configs a trial's canary measured that the main replicas have not run since: the tuner
+    reads their capacity one sd down (`TunerSettings.unproven`). Kept here so that an operator
+    restart does not read them as measured on all the traffic."""
 
     @classmethod
     def initial(
@@ -251,6 +255,18 @@ class TunerState:
         exits[config.method] = throughput
         return replace(self, capacity_exits=tuple(sorted(exits.items())))
 
+    def measured_on_canary(self, config: SpecConfig) -> TunerState:
+        """A trial's canary measured `config`; the main replicas did not move to it."""
+        if config in self.canary_only:
+            return self
+        return replace(self, canary_only=(*self.canary_only, config))
+
+    def ran_on_main(self, config: SpecConfig) -> TunerState:
+        """The main replicas now run `config`: what it serves is measured on all the traffic."""
+        if config not in self.canary_only:
+            return self
+        return replace(self, canary_only=tuple(c for c in self.canary_only if c != config))
+
     def remember_batch(self, batch: float) -> TunerState:
         return replace(self, recent_batches=(*self.recent_batches, batch)[-RECENT_WINDOWS:])
 
@@ -298,6 +314,7 @@ class TunerState:
             "context_tokens": round(self.context_tokens, 1),
             "recent_batches": [round(b, 2) for b in self.recent_batches],
             "capacity_exits": [[m, round(d, 1)] for m, d in self.capacity_exits],
+            "canary_only": [c.to_dict() for c in self.canary_only],
             "residuals": [
                 [r.config.to_dict(), r.log2_batch, r.mean, r.weight] for r in self.residuals
             ],
@@ -327,6 +344,7 @@ class TunerState:
             context_tokens=float(body.get("context_tokens", 0.0)),
             recent_batches=tuple(float(b) for b in body.get("recent_batches", [])),
             capacity_exits=tuple((str(m), float(d)) for m, d in body.get("capacity_exits", [])),
+            canary_only=tuple(SpecConfig.from_dict(c) for c in body.get("canary_only", [])),
             residuals=tuple(
                 ResidualPoint(SpecConfig.from_dict(c), int(b), float(m), float(w))
                 for c, b, m, w in body["residuals"]

@@ -257,12 +257,15 @@ def test_state_round_trips_stays_small_and_reads_old_json() -> None:
     state = run(state, config, [drawn(AcceptanceCurve(0.9, 0.97), 15, 300, rng) for _ in range(5)])
     state = run(state, EAGLE3_K5, [drawn(TRUTH, 5, 300, rng) for _ in range(5)])
     state = run(state, NGRAM_K3, [drawn(CHAT["ngram"], 3, 300, rng) for _ in range(5)])
+    state = state.measured_on_canary(EAGLE3_K5).measured_on_canary(NGRAM_K3)
+    assert state.measured_on_canary(NGRAM_K3).canary_only == (EAGLE3_K5, NGRAM_K3)
+    assert state.ran_on_main(EAGLE3_K5).canary_only == (NGRAM_K3,)
     text = state.to_json()
     assert len(text.encode()) < 4096
     assert TunerState.from_json(text) == state
     # a state stored before the posterior (its estimates held as the priors) still loads
     old = json.loads(text)
-    for key in ("acceptance_counts", "prior_task", "task_mix", "task_strength"):
+    for key in ("acceptance_counts", "prior_task", "task_mix", "task_strength", "canary_only"):
         del old[key]
     resumed = TunerState.from_json(json.dumps(old))
     assert close(resumed.acceptance_curves()["eagle3"], CHAT["eagle3"], 0.002)

@@ -610,9 +610,11 @@ def test_the_loop_learns_a_rejected_canary_over_the_kube_actuator_despite_its_ro
     assert act.config == SpecConfig() and act.trial_observation() is None  # the rollback
     assert "the canary ran ngram K=3 at batch 1.0: 50 tok/s" in record.decision.reason
     assert any(r.config == NGRAM for r in loop.state.residuals)
-    # only a canary ran it: its capacity is still read one sd down; and it is backed off,
-    # synthesised schedules included
-    assert loop._canary_only == {NGRAM}
+    # only a canary ran it: its capacity is still read one sd down, after an operator restart
+    # too (the mark is in the persisted state); and it is backed off, synthesised schedules
+    # included
+    assert loop.state.canary_only == (NGRAM,)
+    assert TunerState.from_json(loop.state.to_json()).canary_only == (NGRAM,)
     assert loop._without_failed(200.0).excluded == (NGRAM,)
 
 
