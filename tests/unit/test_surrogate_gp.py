@@ -29,6 +29,7 @@ from specpilot.tuner._model.residual_gp import (
     bounded,
     features,
     fit_residuals,
+    level_variance,
 )
 
 COST = StepCost.for_hardware("H100", "llama-3.1-8b")
@@ -235,7 +236,23 @@ def test_the_posterior_is_scikit_optimizes() -> None:
     ours_mean, ours_std = fit.predict(queries, 24.0, 1024.0)
     levels = np.array([fit.offset + fit.levels.get(c.method, 0.0) for c in queries])
     assert np.allclose(np.array(ours_mean) - levels, mean, atol=1e-9)
-    assert np.allclose(ours_std, std, atol=1e-9)
+    # ours adds how unsure each method's level is to the GP's variance
+    level_var = np.array([level_variance(fit.support.get(c.method, 0.0)) for c in queries])
+    assert np.allclose(np.array(ours_std) ** 2 - level_var, std**2, atol=1e-9)
+
+
+def test_a_method_never_measured_is_unsure_of_its_level_whatever_the_gp_knows() -> None:
+    # one method measured at every load: the offset takes all it showed, and another method
+    # at the same loads is only as close to it as LEVEL_SD allows
+    points = [ResidualPoint(EAGLE[2], b, -0.3, 8.0) for b in range(0, 9)]
+    fit = fit_residuals(points)
+    assert fit is not None
+    (measured, never), (measured_sd, never_sd) = fit.predict([EAGLE[2], PLAIN], 24.0, 1024.0)
+    assert measured == pytest.approx(-0.3, abs=0.01) and never == pytest.approx(-0.3, abs=0.01)
+    assert never_sd >= residual_gp.LEVEL_SD
+    assert measured_sd < 0.5 * never_sd
+    assert level_variance(0.0) == pytest.approx(residual_gp.LEVEL_SD**2)
+    assert level_variance(1.0) < level_variance(0.0) / 4
 
 
 def test_context_is_a_feature_once_the_summaries_record_it() -> None:

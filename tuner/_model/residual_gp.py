@@ -12,8 +12,13 @@ Its kernel is amplitude x Matern(5/2) + white noise; all three hyperparameters a
 maximising the marginal likelihood (L-BFGS from the initial values and one seeded restart),
 within bounds that keep a few dozen noisy summaries from fitting nonsense.
 `ResidualFit.predict(configs, batch, context)` returns the correction's mean (offset and
-level included) and std in log throughput: the latent function's std, a config's true speed,
-not one window's.
+level included) and std in log throughput: the latent function's std (a config's true speed,
+not one window's) with the level's posterior std added in quadrature. A method never measured
+is LEVEL_SD unsure of its level however much the GP knows at that load: with one method
+measured the offset takes all it showed, and the data cannot tell a slow world from a slow
+drafter. Read as sure as the running config's own summaries, a drafter never run was seldom
+worth a canary (Poisson at 0.9 with 4 replicas one at a time: 2 of 10 worlds below no
+speculation; with the level's std, 8 of 10).
 
 Bounded: the GP sees the FIT_POINTS most supported summaries (the offset sees all). A
 summary's own noise shrinks with its support (WINDOW_NOISE / windows); the white noise is what
@@ -102,6 +107,7 @@ class ResidualFit:
         self,
         offset: float,
         levels: Mapping[str, float],
+        support: Mapping[str, float],
         rows: Sequence[Row],
         hyperparameters: Hyperparameters,
         log2_context: float | None,
@@ -112,6 +118,8 @@ class ResidualFit:
         self.offset = offset
         self.levels = dict(levels)
         """Each measured method's level above the offset (log units); others have none."""
+        self.support = dict(support)
+        """Each measured method's windows: how sure its level is (`level_variance`)."""
         self.hyperparameters = hyperparameters
         self.points = len(rows)
         """How many summaries the GP was fitted on (at most FIT_POINTS)."""
@@ -131,7 +139,8 @@ class ResidualFit:
     ) -> tuple[list[float], list[float]]:
         """Mean (offset and the method's level included) and std of log(true / prior) throughput
         per config; the std is the latent function's (a config's true speed), without the
-        per-summary noise."""
+        per-summary noise, and the level's: a method never measured is LEVEL_SD unsure of how
+        far it sits from the offset, whatever the GP knows at that load."""
         if not configs:
             return [], []
         import numpy as np
@@ -143,7 +152,8 @@ class ResidualFit:
         latent = self.hyperparameters.amplitude**2 - np.einsum(
             "ki,kj,ij->k", cross, cross, self._inverse
         )
-        stds = np.sqrt(np.maximum(latent, 0.0))
+        levels = np.array([level_variance(self.support.get(c.method, 0.0)) for c in configs])
+        stds = np.sqrt(np.maximum(latent, 0.0) + levels)
         return [
             self.offset + self.levels.get(c.method, 0.0) + float(m)
             for c, m in zip(configs, means, strict=True)
@@ -177,6 +187,22 @@ def shared_offset(points: Sequence[ResidualPoint]) -> float:
     # fsum: exactly rounded, so the order the state holds the summaries in changes nothing.
     total = math.fsum(p.weight for p in points)
     return math.fsum(p.mean * p.weight for p in points) / total if total > 0 else 0.0
+
+
+def method_support(points: Sequence[ResidualPoint]) -> dict[str, float]:
+    """Each method's windows of support over all its summaries."""
+    support: dict[str, float] = {}
+    for p in points:
+        support[p.config.method] = support.get(p.config.method, 0.0) + p.weight
+    return support
+
+
+def level_variance(support: float) -> float:
+    """Posterior variance of a method's level after `support` windows: LEVEL_SD^2 for a method
+    never measured. With one method measured, the offset takes all it showed; how far another
+    method sits from it is then only what the prior allows."""
+    shrink = WINDOW_NOISE / LEVEL_SD**2
+    return LEVEL_SD**2 * shrink / (max(support, 0.0) + shrink)
 
 
 def method_levels(points: Sequence[ResidualPoint], offset: float) -> dict[str, float]:
@@ -219,7 +245,9 @@ def fit_residuals(points: Sequence[ResidualPoint]) -> ResidualFit | None:
         if hyperparameters is None:
             hyperparameters = fit_hyperparameters(coarse)
             _remember(_HYPERPARAMETERS, coarse, hyperparameters)
-        fit = ResidualFit(offset, levels, rows, hyperparameters, log2_context)
+        fit = ResidualFit(
+            offset, levels, method_support(points), rows, hyperparameters, log2_context
+        )
         _remember(_POSTERIORS, key, fit)
     else:
         _POSTERIORS.move_to_end(key)
