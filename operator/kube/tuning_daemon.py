@@ -117,6 +117,7 @@ def settings_for(spec: SpecDeploymentSpec) -> TunerSettings:
         objective=spec.tuning.objective,
         min_dwell_s=float(spec.tuning.min_dwell_s),
         restart_downtime_s=serving_lost_per_switch_s(spec),
+        rollout_share=serving_share_in_rollout(spec),
         restart_budget_per_hour=spec.tuning.restart_budget_per_hour,
         slo_tpot_p95_s=tpot / 1e3 if with_slo and tpot is not None else None,
         slo_ttft_p95_s=ttft / 1e3 if with_slo and ttft is not None else None,
@@ -135,6 +136,16 @@ def serving_lost_per_switch_s(spec: SpecDeploymentSpec) -> float:
     if spec.tuning.max_unavailable == 0:
         return 0.0
     return ENGINE_START_S
+
+
+def serving_share_in_rollout(spec: SpecDeploymentSpec) -> float:
+    """The share of the replicas serving while a rollout runs: all with a surge
+    (maxUnavailable 0), else those not stopped at once. Unknown replicas (left to an
+    autoscaler) count as all serving: the tuner cannot tell how many there will be."""
+    unavailable, replicas = spec.tuning.max_unavailable, spec.replicas
+    if unavailable == 0 or not replicas:
+        return 1.0
+    return max(replicas - unavailable, 0) / replicas
 
 
 def cost_for(spec: SpecDeploymentSpec) -> StepCost:

@@ -144,6 +144,20 @@ def test_the_objective_decides_whether_the_slo_counts() -> None:
     assert (throughput.slo_tpot_p95_s, throughput.slo_ttft_p95_s) == (None, None)
 
 
+def test_the_tuner_is_told_how_many_replicas_serve_while_a_rollout_runs() -> None:
+    def share(replicas: int | None, rollout: dict[str, int]) -> float:
+        body: dict[str, object] = {"engine": "vllm", "model": "m", "tuning": rollout}
+        if replicas is not None:
+            body["replicas"] = replicas
+        return settings_for(decode_spec(body)).rollout_share
+
+    assert share(4, {}) == 1.0  # the default surge: new pods start beside the old
+    assert share(4, {"maxSurge": 0, "maxUnavailable": 1}) == 0.75
+    assert share(4, {"maxSurge": 0, "maxUnavailable": 2}) == 0.5
+    assert share(1, {"maxSurge": 0, "maxUnavailable": 1}) == 0.0
+    assert share(None, {"maxSurge": 0, "maxUnavailable": 1}) == 1.0  # an autoscaler's count
+
+
 def test_the_tuner_is_told_the_engines_batch_cap_from_extra_args() -> None:
     def cap(engine: str, extra_args: list[str]) -> int:
         body = {"engine": engine, "model": "m", "extraArgs": extra_args}

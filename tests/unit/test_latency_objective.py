@@ -56,11 +56,15 @@ K=5 has less capacity than no speculation at max-num-seqs (the physics prior say
 
 
 def settings(
-    objective: str = "latency", windows: int = 1, restart_s: float = 60.0
+    objective: str = "latency",
+    windows: int = 1,
+    restart_s: float = 60.0,
+    rollout_share: float = 1.0,
 ) -> TunerSettings:
     """Only the last of `windows` windows may switch (the dwell holds the earlier ones)."""
     return TunerSettings(
         restart_downtime_s=restart_s,
+        rollout_share=rollout_share,
         candidates=CANDIDATES,
         objective=objective,  # type: ignore[arg-type]
         synthesize_schedules=False,
@@ -99,11 +103,14 @@ def run(
     batches: list[float],
     waiting: float = 0.0,
     restart_s: float = 60.0,
+    rollout_share: float = 1.0,
 ):
     """Tick through windows at these batches from `config` (six steady windows first, so the
     traffic's prompt share is learned); the last one decides, with `waiting` queued."""
     batches = [batches[0]] * 6 + batches
-    chosen = settings(objective, windows=len(batches), restart_s=restart_s)
+    chosen = settings(
+        objective, windows=len(batches), restart_s=restart_s, rollout_share=rollout_share
+    )
     # as if the tuner had just moved to `config`: its dwell holds the windows before the last
     state = replace(TunerState.initial(config, 0.0, PRIORS), restarts=(0.0,))
     decision = None
@@ -191,6 +198,19 @@ def test_a_config_whose_capacity_is_below_the_forecast_load_is_not_chosen_at_pea
     assert run("latency", NO_SPEC, [32.0] * 4).config == EAGLE  # faster if the load held
     latency = run("latency", NO_SPEC, rising)
     assert latency.action == "stay", latency.reason
+
+
+def test_a_rollout_one_pod_at_a_time_enters_only_what_the_pods_left_serving_hold() -> None:
+    # while a rollout replaces the replicas, those still up carry the load: a config must hold
+    # it over that share (2 replicas, one at a time: twice the load), not just with the margin
+    assert run("latency", NO_SPEC, [24.0] * 4).config == EAGLE
+    held = run("latency", NO_SPEC, [24.0] * 4, rollout_share=0.5)
+    assert held.action == "stay", held.reason
+    assert run("latency", NO_SPEC, [16.0] * 4, rollout_share=0.5).config == EAGLE
+    assert settings(rollout_share=0.5).entry_margin() == pytest.approx(1.0)
+    assert settings(rollout_share=0.9).entry_margin() == settings().capacity_margin
+    # one replica (none left serving): the downtime is the restart's price, not a margin
+    assert settings(rollout_share=0.0).entry_margin() == settings().capacity_margin
 
 
 def test_an_overloaded_speculative_config_is_left_for_more_capacity() -> None:

@@ -118,7 +118,7 @@ def propose_for_latency(
             curve,
             demand,
             peak,
-            0.0 if c == current else settings.capacity_margin,
+            0.0 if c == current else settings.entry_margin(),
             unit,
             cautious=c != current and c not in ran and c.speculative,
             ceiling=None if c == current else ceilings.get(c.method),

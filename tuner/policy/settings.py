@@ -31,6 +31,12 @@ class TunerSettings:
     capacity_margin: float = 0.2
     """Latency objective: the spare capacity a config must keep over the load ahead. Traffic
     is bursty within a window, and a batch near its capacity waits in queue."""
+    rollout_share: float = 1.0
+    """The share of the replicas serving while a rollout replaces them: (replicas -
+    maxUnavailable) / replicas, 1 with a surge (maxUnavailable 0). Below 1 the replicas still
+    up carry the whole load until the rollout ends, and the pods that came up first run the
+    target: a config is entered only if it holds the load ahead over this share
+    (`entry_margin`)."""
     synthesize_schedules: bool = True
     """Also consider, per method, its largest K with a schedule synthesised from the model."""
     min_dwell_s: float = 300.0
@@ -94,3 +100,11 @@ class TunerSettings:
     """KV tokens the engine holds (e.g. `StepCost.kv_capacity_tokens()` for a catalog GPU);
     with it the context per request is read from the engine's KV usage. None where the
     capacity is not known (a CPU, a measured fit): context_tokens is used."""
+
+    def entry_margin(self) -> float:
+        """The spare capacity a config must have over the load ahead to be entered: the
+        capacity margin, or more when a rollout leaves fewer replicas serving (with none left,
+        a single replica, the downtime is the restart's price, not a margin)."""
+        if not 0.0 < self.rollout_share < 1.0:
+            return self.capacity_margin
+        return max(self.capacity_margin, 1.0 / self.rollout_share - 1.0)

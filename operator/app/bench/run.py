@@ -163,6 +163,7 @@ def tuner_settings(
         # a surge rollout starts the new replica beside the old: no serving is lost but the
         # requests in flight on the replica it stops (switch_cost's recompute term)
         restart_downtime_s=0.0 if setup.rollout == "surge" else tuning.start_s,
+        rollout_share=1.0 if setup.rollout == "surge" else (setup.replicas - 1) / setup.replicas,
         expected_dwell_s=tuning.expected_dwell_s,
         slo_tpot_p95_s=tuning.slo_tpot_p95_s,
         window_s=setup.window_s,
