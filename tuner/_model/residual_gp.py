@@ -16,9 +16,8 @@ level included) and std in log throughput: the latent function's std (a config's
 not one window's) with the level's posterior std added in quadrature. A method never measured
 is LEVEL_SD unsure of its level however much the GP knows at that load: with one method
 measured the offset takes all it showed, and the data cannot tell a slow world from a slow
-drafter. Read as sure as the running config's own summaries, a drafter never run was seldom
-worth a canary (Poisson at 0.9 with 4 replicas one at a time: 2 of 10 worlds below no
-speculation; with the level's std, 8 of 10).
+drafter. Read as sure as the running config's own summaries, a drafter never run was also
+seldom worth a canary.
 
 Bounded: the GP sees the FIT_POINTS most supported summaries (the offset sees all). A
 summary's own noise shrinks with its support (WINDOW_NOISE / windows); the white noise is what

@@ -3,8 +3,8 @@
 Contract: `gate(proposal, running, belief, settings, cost, now)` returns the reason to stay, or
 None to act. A move waits out the minimum dwell (from the tuner's last switch, or from the
 start: one window of a fresh deployment does not tell the load ahead, unless the target holds
-`FIRST_MOVE_HEADROOM` times it or the move is for capacity to no speculation) and the restart budget
-(restarts in the last hour; a move into speculation leaves the last one for a move for
+`FIRST_MOVE_HEADROOM` times it or the move is for capacity to no speculation) and the restart
+budget (restarts in the last hour; a move into speculation leaves the last one for a move for
 capacity, `keeps_the_reserve`), and must clear the hurdle (hysteresis, or the smaller saturation
 tolerance at max-num-seqs) and pay, over the expected dwell, for the restart: its lost serving
 (`restarts_expected`: a trial on all of the traffic may be undone, one on a canary costs the main
@@ -46,7 +46,8 @@ def early_first_move(proposal: Proposal, state: TunerState) -> bool:
     tell. No speculation is the roofline's own baseline, with no drafter to overrate, and a
     deployment started on speculation short of its load builds a queue for the whole dwell
     (Poisson at 0.9, started on EAGLE-3 K=3: 38318 ms mean E2E in the median world against
-    11726 for no speculation, `bench/results/poisson-vllm-start-eagle3.json` at 6dc8f8d)."""
+    11726 for no speculation, `bench/results/yardstick-poisson-vllm-start-eagle3.json` at
+    6dc8f8d)."""
     if state.restarts or proposal.trial:
         return False
     if proposal.for_capacity and not proposal.config.speculative:
