@@ -64,6 +64,8 @@ fit's cost on a degenerate set."""
 LEVEL_SD = 0.2
 """Prior std of a method's level around the shared offset (log units). With WINDOW_NOISE, one
 window of a method moves its level by 80% of what it measured, four windows by 94%."""
+_LEVEL_SHRINK = WINDOW_NOISE / LEVEL_SD**2
+"""Windows of prior weight a method's level starts with (the LEVEL_SD prior, in windows)."""
 RESIDUAL_QUANTUM = 0.025
 """Resolution (log units, 2.5%) of the residuals the hyperparameters are fitted on: a quarter
 of the per-window noise assumed (WINDOW_NOISE), and a few times what one more window moves a
@@ -200,8 +202,7 @@ def level_variance(support: float) -> float:
     """Posterior variance of a method's level after `support` windows: LEVEL_SD^2 for a method
     never measured. With one method measured, the offset takes all it showed; how far another
     method sits from it is then only what the prior allows."""
-    shrink = WINDOW_NOISE / LEVEL_SD**2
-    return LEVEL_SD**2 * shrink / (max(support, 0.0) + shrink)
+    return LEVEL_SD**2 * _LEVEL_SHRINK / (max(support, 0.0) + _LEVEL_SHRINK)
 
 
 def method_levels(points: Sequence[ResidualPoint], offset: float) -> dict[str, float]:
@@ -211,9 +212,8 @@ def method_levels(points: Sequence[ResidualPoint], offset: float) -> dict[str, f
     support: dict[str, list[tuple[float, float]]] = {}
     for p in points:
         support.setdefault(p.config.method, []).append((p.weight, p.mean - offset))
-    shrink = WINDOW_NOISE / LEVEL_SD**2
     return {
-        method: math.fsum(w * d for w, d in rows) / (math.fsum(w for w, _ in rows) + shrink)
+        method: math.fsum(w * d for w, d in rows) / (math.fsum(w for w, _ in rows) + _LEVEL_SHRINK)
         for method, rows in sorted(support.items())
     }
 
