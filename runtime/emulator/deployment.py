@@ -23,15 +23,18 @@ is the simulated time.
   from the start on another replica, and keep their original arrival time, so their wait
   counts in their latency; tokens streamed before the stop are lost to the user.
 - Trials (`TrialActuator`: `apply_trial`, `canary_share`, `trial_observation`), as
-  `KubeActuator` runs them: with two or more replicas a trial's config first runs on one extra
-  replica (the canary, its share of the traffic through the same balancer), which, once it
-  has served `canary_warmup_s` (it fills from empty, all its first requests' prefill at once,
-  at a batch below the main replicas'), is compared with the main replicas over
-  `canary_window_s` by per-sequence speed (tokens over the integral of the decode batch);
-  it is then stopped (its requests retried elsewhere) and the config
-  rolled out as `apply` does unless it was slower than the main replicas by more than
-  `canary_tolerance` or the trial's `judge` says why not: then `CanaryRejected` is raised and
-  the main replicas are untouched. With one replica a trial is an `apply`.
+  `KubeActuator` runs them: with two or more replicas a trial's config first runs on a canary
+  that takes one replica's place, so a trial never serves on more replicas than the static
+  configs it is compared with (surge: the canary starts on the spare GPU and the replica
+  retires once it is ready; otherwise the replica retires first and N-1 serve meanwhile). It
+  takes its share of the traffic through the same balancer and, once it has served
+  `canary_warmup_s` (it fills from empty, all its first requests' prefill at once, at a batch
+  below the main replicas'), is compared with the main replicas over `canary_window_s` by
+  per-sequence speed (tokens over the integral of the decode batch). It is then rolled out
+  over every replica, the canary's slot last, unless it was slower than the main replicas by
+  more than `canary_tolerance` or the trial's `judge` says why not: then the canary is
+  replaced by a replica of the running config (its requests retried elsewhere) and
+  `CanaryRejected` is raised. With one replica a trial is an `apply`.
 - Every request is kept: `records(end_s)` returns them all for the serving metrics, those not
   finished by `end_s` as failed.
 """
@@ -162,21 +165,7 @@ class EmulatedDeployment:
         started = self.now
         self.config = config
         self.restarts += 1
-        old = sorted(self._replicas)
-        if self.rollout == "restart":
-            for rid in old:
-                self._stop_replica(rid)
-            for _ in old:
-                self._start_replica(config, ready_at=self.now + self.start_time_s)
-            self.run_until(self.now + self.start_time_s)
-        else:
-            for rid in old:
-                if self.rollout == "one-at-a-time":
-                    self._stop_replica(rid)
-                new = self._start_replica(config, ready_at=self.now + self.start_time_s)
-                self.run_until(self._replicas[new].ready_at)
-                if self.rollout == "surge":
-                    self._stop_replica(rid)
+        self._roll(config, sorted(self._replicas))
         self.rollout_s += self.now - started
 
     def observe(self, window_s: float) -> Observation:
@@ -188,9 +177,9 @@ class EmulatedDeployment:
     # -- the TrialActuator protocol -------------------------------------------------------
 
     def canary_share(self) -> float | None:
-        """1/(N+1) beside N >= 2 replicas: the balancer spreads the load over the canary too."""
+        """1/N with N >= 2 replicas: the canary takes one replica's place behind the balancer."""
         replicas = len(self._replicas)
-        return 1.0 / (replicas + 1) if replicas >= 2 else None
+        return 1.0 / replicas if replicas >= 2 else None
 
     def trial_observation(self) -> Observation | None:
         return self._trial
@@ -198,7 +187,7 @@ class EmulatedDeployment:
     def apply_trial(
         self, config: SpecConfig, judge: Callable[[Observation], str | None] | None = None
     ) -> None:
-        """Run `config` on a canary beside the main replicas, then roll it out or raise."""
+        """Run `config` on a canary in one replica's place, then roll it out or raise."""
         self._trial = None  # a window is only ever this trial's
         if config == self.config:
             return
@@ -206,8 +195,7 @@ class EmulatedDeployment:
             self.apply(config)
             return
         started = self.now
-        canary = self._start_replica(config, ready_at=self.now + self.start_time_s)
-        self.run_until(self._replicas[canary].ready_at)
+        canary = self._start_canary(config)
         self._window, self._canary, self._canary_window = _WindowTotals(), canary, _WindowTotals()
         self.run_until(self.now + self.canary_warmup_s)  # the fill-up is not the config's speed
         main, measured = _WindowTotals(), _WindowTotals()
@@ -216,27 +204,40 @@ class EmulatedDeployment:
         self.run_until(self.now + self.canary_window_s)
         span = self.now - window_start
         self._canary, self._canary_window = None, None
-        replica = self._replicas[canary]
-        self._trial = self._observation(measured, span, [(canary, replica)])
-        self._stop_replica(canary)
+        self._trial = self._observation(measured, span, [(canary, self._replicas[canary])])
         self.canaries += 1
+        why_not = self._canary_verdict(config, measured, main, judge)
+        if why_not is not None:
+            self._replace(canary, self.config)
+            self.rollout_s += self.now - started
+            raise CanaryRejected(why_not)
+        self.config = config
+        self.restarts += 1
+        self._roll(config, sorted(self._replicas))  # the canary last: it holds its slot till then
         self.rollout_s += self.now - started
+
+    def _canary_verdict(
+        self,
+        config: SpecConfig,
+        measured: _WindowTotals,
+        main: _WindowTotals,
+        judge: Callable[[Observation], str | None] | None,
+    ) -> str | None:
+        """Why the canary is not promoted, or None when it is."""
         canary_speed, main_speed = _sequence_speed(measured), _sequence_speed(main)
         if canary_speed is None or main_speed is None:
-            raise CanaryRejected(
+            return (
                 f"canary {config.describe()}: no load to compare (canary {canary_speed}, "
                 f"main {main_speed} tok/s per sequence); not promoted"
             )
         if canary_speed < main_speed * (1.0 - self.canary_tolerance):
-            raise CanaryRejected(
+            return (
                 f"canary {config.describe()} rejected: {canary_speed:.1f} tok/s per sequence "
                 f"vs {main_speed:.1f} on the main replicas "
                 f"({canary_speed / main_speed - 1:+.1%}, tolerance {self.canary_tolerance:.0%})"
             )
-        why_not = judge(self._trial) if judge is not None else None
-        if why_not is not None:
-            raise CanaryRejected(f"canary {config.describe()} rejected: {why_not}")
-        self.apply(config)
+        why_not = judge(self._trial) if judge is not None and self._trial is not None else None
+        return f"canary {config.describe()} rejected: {why_not}" if why_not else None
 
     # -- simulation -----------------------------------------------------------------------
 
@@ -328,6 +329,40 @@ class EmulatedDeployment:
             request.first_token_s = None
         for request in orphans:
             self._dispatch(request)
+
+    def _roll(self, config: SpecConfig, replicas: list[int]) -> None:
+        """Replace `replicas` by ones running `config`, the way the rollout strategy does."""
+        if self.rollout == "restart":
+            for rid in replicas:
+                self._stop_replica(rid)
+            for _ in replicas:
+                self._start_replica(config, ready_at=self.now + self.start_time_s)
+            self.run_until(self.now + self.start_time_s)
+            return
+        for rid in replicas:
+            self._replace(rid, config)
+
+    def _replace(self, rid: int, config: SpecConfig) -> None:
+        """Replace one replica: with a spare GPU (surge) the new one starts first and the old
+        one stops once it is ready; without one the old one stops first."""
+        if self.rollout != "surge":
+            self._stop_replica(rid)
+        new = self._start_replica(config, ready_at=self.now + self.start_time_s)
+        self.run_until(self._replicas[new].ready_at)
+        if self.rollout == "surge":
+            self._stop_replica(rid)
+
+    def _start_canary(self, config: SpecConfig) -> int:
+        """Start the canary in the last replica's place (`_replace`'s order), so that a trial
+        never serves on more replicas than the static configs it is compared with."""
+        retiring = max(self._replicas)
+        if self.rollout != "surge":
+            self._stop_replica(retiring)
+        canary = self._start_replica(config, ready_at=self.now + self.start_time_s)
+        self.run_until(self._replicas[canary].ready_at)
+        if self.rollout == "surge":
+            self._stop_replica(retiring)
+        return canary
 
     def _observation(
         self, w: _WindowTotals, window_s: float, ready: list[tuple[int, _Replica]]

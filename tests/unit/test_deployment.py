@@ -131,13 +131,13 @@ def test_bad_settings_are_refused_with_the_allowed_values() -> None:
         deployment(rollout="blue-green")
 
 
-def test_a_trial_runs_on_a_canary_beside_the_replicas_and_is_promoted_when_it_keeps_pace() -> None:
+def test_a_trial_runs_on_a_canary_in_a_replicas_place_and_is_promoted_when_it_keeps_pace() -> None:
     d = deployment(replicas=2, arrivals=steady(8.0, 900.0))
-    assert d.canary_share() == pytest.approx(1 / 3)
+    assert d.canary_share() == pytest.approx(1 / 2)
     d.observe(60.0)
     d.apply_trial(EAGLE3)
-    # a canary start, its comparison window, then the rollout of both replicas (surge-free
-    # "restart" rollout here: the default)
+    # a canary start in replica 1's place, its comparison window, then the rollout of both
+    # slots (surge-free "restart" rollout here: the default)
     assert d.config == EAGLE3 and d.restarts == 1 and d.canaries == 1
     served = d.trial_observation()
     assert served is not None and served.pods == ("replica-2",)
@@ -158,12 +158,37 @@ def test_a_canary_slower_than_the_replicas_is_rejected_and_leaves_them_untouched
     with pytest.raises(CanaryRejected, match="rejected"):
         d.apply_trial(EAGLE3)
     assert d.config == SpecConfig() and d.restarts == 0 and d.canaries == 1
-    assert sorted(rid for rid, _ in d._ready()) == [0, 1]
+    # replica 0 never stopped; the canary's slot went back to the running config
+    assert sorted(rid for rid, _ in d._ready()) == [0, 3]
+    assert all(r.core.config == SpecConfig() for r in d._replicas.values())
     served = d.trial_observation()
     assert served is not None and served.acceptance_length is not None
     assert served.acceptance_length < 1.1
-    # the main replicas kept serving through the trial (start + window: 120 s at 8 req/s)
-    assert sum(1 for r in d.records() if r.finished_s is not None) > finished_before + 600
+    # the main replicas kept serving through the trial (two starts + warm-up + window:
+    # 200 s at 8 req/s)
+    assert sum(1 for r in d.records() if r.finished_s is not None) > finished_before + 1000
+
+
+@pytest.mark.parametrize(
+    ("rollout", "fewest_serving"), [("surge", 3), ("one-at-a-time", 2), ("restart", 2)]
+)
+def test_a_canary_never_serves_beside_all_the_replicas(rollout: str, fewest_serving: int) -> None:
+    """The canary takes a replica's place: a trial never has more replicas serving than the
+    static configs it is compared with; with a spare GPU (surge) never fewer either."""
+    d = deployment(replicas=3, rollout=rollout, arrivals=steady(8.0, 1200.0))
+    d.observe(60.0)
+    serving: list[int] = []
+    run_until = d.run_until
+
+    def counting(until: float) -> None:  # each wait ends as a replica turns ready
+        serving.append(len(d._ready()))
+        run_until(until)
+
+    d.run_until = counting  # type: ignore[method-assign]
+    with pytest.raises(CanaryRejected):
+        d.apply_trial(EAGLE3, lambda served: "judged out")
+    assert max(serving) == 3 and min(serving) == fewest_serving
+    assert len(d._replicas) == 3 and d.config == SpecConfig() and d.restarts == 0
 
 
 def test_with_one_replica_a_trial_is_a_rollout() -> None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from test_first_move import proposal
+
 from specpilot.tuner import (
     Observation,
     SpecConfig,
@@ -22,6 +24,7 @@ from specpilot.tuner import (
     acceptance_curve,
     decide,
 )
+from specpilot.tuner.policy.gate import keeps_the_reserve
 
 PLAIN = SpecConfig()
 NGRAM3 = SpecConfig(method="ngram", num_speculative_tokens=3)
@@ -69,6 +72,23 @@ def test_an_unmeasured_method_level_on_the_mean_is_tried() -> None:
     assert decision.reason.startswith("exploring (expected improvement less the expected loss")
     assert "(prior)" in decision.reason  # it says the acceptance it tries was never measured
     assert after.current == decision.config and after.restarts == (35.0,)
+
+
+def test_a_trial_leaves_the_budgets_last_restart_unspent() -> None:
+    # a trial is only worth what it might teach, off speculation too (Azure, 4 replicas with a
+    # surge, world 9: a canary of no speculation spent it and EAGLE-3 met the surge with none);
+    # the last restart is the way out of a surge: a move for capacity off speculation
+    assert keeps_the_reserve(proposal(headroom=None, trial=True, config=PLAIN))
+    assert keeps_the_reserve(proposal(headroom=None, trial=True, for_capacity=True))
+    assert not keeps_the_reserve(proposal(headroom=None, for_capacity=True, config=PLAIN))
+    state = replace(TunerState.initial(PLAIN, 0.0, PRIORS), restarts=(1.0,))
+    decision, after = decide(
+        window(1.0, 115.0), state, settings(restart_budget_per_hour=2), COST, 35.0
+    )
+    assert decision.action == "stay" and "last restart" in decision.reason, decision.reason
+    assert after.current == PLAIN
+    tried, _ = decide(window(1.0, 115.0), state, settings(restart_budget_per_hour=3), COST, 35.0)
+    assert tried.action == "switch" and tried.reason.startswith("exploring"), tried.reason
 
 
 def test_a_trial_that_would_run_as_long_as_its_gain_counts_is_not_made() -> None:

@@ -41,6 +41,7 @@ from specpilot.tuner.policy.latency_proposal import (
     demand_ahead,
     offered_demand,
     propose_for_latency,
+    short_in_the_canary_start,
 )
 from specpilot.tuner.policy.learn import Belief
 
@@ -211,6 +212,21 @@ def test_a_rollout_one_pod_at_a_time_enters_only_what_the_pods_left_serving_hold
     assert settings(rollout_share=0.9).entry_margin() == settings().capacity_margin
     # one replica (none left serving): the downtime is the restart's price, not a margin
     assert settings(rollout_share=0.0).entry_margin() == settings().capacity_margin
+
+
+def test_without_a_spare_gpu_a_canary_waits_until_the_pods_left_carry_the_load() -> None:
+    # the canary's start stops one replica as a rollout does: at 60% of the running config's
+    # capacity two replicas one at a time cannot spare one, ten can, and a surge always can
+    curves = load_curves(CANDIDATES, Surrogate(COST, PRIORS), CONTEXT, settings())
+    unit = overload_unit(curves)
+    demand = 0.6 * backlog_point(curves[0])[1].tokens_per_s
+
+    def short(share: float) -> bool:
+        chosen = settings(rollout_share=share)
+        return short_in_the_canary_start(NO_SPEC, curves[0], demand, demand, unit, chosen)
+
+    assert short(0.5)
+    assert not short(0.9) and not short(1.0)
 
 
 def test_an_overloaded_speculative_config_is_left_for_more_capacity() -> None:

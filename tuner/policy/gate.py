@@ -56,13 +56,16 @@ def early_first_move(proposal: Proposal, state: TunerState) -> bool:
 
 
 def keeps_the_reserve(proposal: Proposal) -> bool:
-    """Whether a move must leave the budget's last restart unspent: a move into speculation
-    that is not for capacity. Its way back, should the load rise past its capacity, is a move
-    for capacity; with the budget spent on the way in, the tuner would watch the queue grow
-    (Azure at peak 1.2, 4 replicas one at a time, world 3: three canaries, each a pod start the
-    budget counts, and a move to EAGLE-3 spent it; the backlog then held for 17 minutes at
-    30-100 s mean E2E, 6.6x no speculation's over the trace)."""
-    return proposal.config.speculative and not proposal.for_capacity
+    """Whether a move must leave the budget's last restart unspent: a trial, or a move into
+    speculation that is not for capacity. The way back from speculation, should the load rise
+    past its capacity, is a move for capacity; with the budget spent on the way in, the tuner
+    would watch the queue grow (Azure at peak 1.2, 4 replicas one at a time, world 3: three
+    canaries, each a pod start the budget counts, and a move to EAGLE-3 spent it; the backlog
+    then held for 17 minutes at 30-100 s mean E2E, 6.6x no speculation's over the trace). A
+    trial is only ever worth what it might teach: a canary of no speculation that spent the
+    last restart left EAGLE-3 with none for the surge that followed (Azure, 4 replicas with a
+    surge rollout, world 9: 1.26x no speculation's mean E2E)."""
+    return proposal.trial or (proposal.config.speculative and not proposal.for_capacity)
 
 
 def restarts_expected(proposal: Proposal, settings: TunerSettings) -> float:

@@ -151,7 +151,11 @@ def propose_for_latency(
         valued = [
             (c, _as_prediction(trial_scores[c], curves[c], served, reference)) for c in candidates
         ]
-        trial = explore(valued, current, running, settings)
+        trial = (
+            None
+            if short_in_the_canary_start(current, curves[current], demand, peak, unit, settings)
+            else explore(valued, current, running, settings)
+        )
     else:
         trial = explore(ranked, current, running, settings)
     if best_config != current and not outweighs(trial, best.tokens_per_s - served):
@@ -219,3 +223,19 @@ def _detail(target: LatencyScore, running: LatencyScore, demand: float, peak: fl
 
     ahead = f", {peak:.0f} ahead" if peak > demand * 1.01 else ""
     return f"at {demand:.0f} tok/s offered{ahead}: {one(target)} vs {one(running)} now"
+
+
+def short_in_the_canary_start(
+    current: SpecConfig,
+    curve: Curve,
+    demand: float,
+    peak: float,
+    unit: float,
+    settings: TunerSettings,
+) -> bool:
+    """Without a spare GPU (`rollout_share` below 1) a canary's start stops one replica, as a
+    rollout does: the running config must carry the load ahead on the rest meanwhile."""
+    if not 0.0 < settings.rollout_share < 1.0:
+        return False
+    margin = 1.0 / settings.rollout_share - 1.0
+    return latency_score(current, curve, demand, peak, margin, unit).overloaded
