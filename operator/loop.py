@@ -58,8 +58,8 @@ TrialJudge = Callable[[Observation], str | None]
 @runtime_checkable
 class TrialActuator(Protocol):
     """An actuator that can measure a trial at less risk than a switch (the Kubernetes one and
-    the bench's emulated Deployment: a one-replica canary beside the main replicas); the loop
-    applies the tuner's trials through it."""
+    the bench's emulated Deployment: a one-replica canary, in one main replica's place or
+    beside them); the loop applies the tuner's trials through it."""
 
     def apply_trial(self, config: SpecConfig, judge: TrialJudge | None = None) -> None:
         """Run `config` as a trial; raise, leaving the running config, if it disappoints: if
@@ -67,8 +67,8 @@ class TrialActuator(Protocol):
         says why not to promote it."""
 
     def canary_share(self) -> float | None:
-        """The share of the traffic a trial would run on now (a one-replica canary beside N
-        main replicas: 1/(N+1)); None where there is no canary to run it on."""
+        """The share of the traffic a trial would run on now (a one-replica canary in one of N
+        main replicas' place: 1/N; beside them: 1/(N+1)); None where there is no canary."""
 
     def trial_observation(self) -> Observation | None:
         """What the last trial's canary served over its comparison window (None: no canary

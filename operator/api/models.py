@@ -282,7 +282,9 @@ class Tuning(ApiModel):
     back."""
     canary: bool = False
     """With at least 2 replicas, run a candidate first as a 1-replica canary behind the same
-    Service and promote it only if it measures as predicted."""
+    Service and promote it only if it measures as predicted. With spec.replicas set it takes
+    one main replica's place (main scaled to N-1 while it runs, on the spare GPU first when
+    maxSurge is above 0); where an autoscaler owns the count it runs beside the main pods."""
     max_surge: int = Field(default=1, ge=0, le=1024)
     """Extra pods a switch may start before old ones stop (the Deployment's rolling update). 1
     keeps full capacity during a switch but needs a spare GPU; with no spare GPU, set 0 and

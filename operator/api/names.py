@@ -22,6 +22,9 @@ kopf's own status fields)."""
 
 CONFIG_ANNOTATION = f"{GROUP}/config"
 """Pod-template annotation holding the running SpecConfig as JSON."""
+CANARY_SLOT_ANNOTATION = f"{GROUP}/replicas-before-canary"
+"""On the main Deployment while a canary holds one of its replicas' place: the replica count
+to give back (an operator killed mid-trial leaves it for the next one to restore)."""
 ROLE_LABEL = f"{GROUP}/role"
 ENGINE_LABEL = f"{GROUP}/engine"
 SIDECAR_LABEL = f"{GROUP}/sidecar"

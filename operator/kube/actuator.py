@@ -13,14 +13,22 @@ Contract (operator/loop.py `Actuator`, plus what rollouts need):
   created. Applying the config that already runs is a cheap no-op (no patch, one status read).
 - With `canary` on (or for a trial, `apply_trial`: the tuner exploring) and at least 2 main
   replicas, a new config first runs as a 1-replica `<name>-canary` Deployment (role
-  "canary", same Service). Once Ready and warmed up (`canary_warmup_s`: it filled from
-  empty), the canary pods and the main pods are observed over `canary_window_s` and compared
-  per pod by per-sequence speed (tokens/s over running requests: the Service spreads requests
-  evenly, so every pod generates about the same tokens/s whatever its speed, and speed shows
-  in how long each request stays). The canary is promoted (main template patched and followed,
-  canary deleted) unless it is slower than the main pods by more than `canary_tolerance`, or a
-  trial's `judge` (the tuner, given the canary pods' window) says why not; then it is deleted
-  and `CanaryRejected` raised (the loop backs off).
+  "canary", same Service). Where the SpecDeployment sets the replica count
+  (`canary_in_place`), the canary takes one main replica's place, so a trial never serves on
+  more GPUs than the config it is compared with: the main Deployment is scaled to N-1 (its
+  count kept in `CANARY_SLOT_ANNOTATION`) once the canary is Ready with a spare GPU
+  (`spare_replica`: maxSurge above 0), or before the canary starts without one; where an
+  autoscaler owns the count the canary runs beside the main pods. Once Ready and warmed up
+  (`canary_warmup_s`: it filled from empty), the canary pods and the main pods are observed
+  over `canary_window_s` and compared per pod by per-sequence speed (tokens/s over running
+  requests: the Service spreads requests evenly, so every pod generates about the same
+  tokens/s whatever its speed, and speed shows in how long each request stays). The canary is
+  promoted (main template patched and followed) unless it is slower than the main pods by
+  more than `canary_tolerance`, or a trial's `judge` (the tuner, given the canary pods'
+  window) says why not; then `CanaryRejected` is raised (the loop backs off). Either way the
+  canary's slot goes back to the main Deployment (with a spare GPU its replica is Ready before
+  the canary is deleted; without one the canary is deleted first), and a slot an earlier
+  operator left held is given back at the next `apply`.
 - `observe(window_s)` reads the Ready main pods' engine metrics over the window through a
   `PodWindowSource` (direct scrape of pod IP:port/metrics, or PromQL) and returns one
   Observation (runtime/metrics.observe); `last_canary` keeps the last per-pod comparison.
@@ -39,7 +47,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
 
-from specpilot.operator.api.names import CONFIG_ANNOTATION
+from specpilot.operator.api.names import CANARY_SLOT_ANNOTATION, CONFIG_ANNOTATION
 from specpilot.operator.api.spec import SpecDeploymentSpec
 from specpilot.operator.kube.children import (
     Role,
@@ -83,6 +91,9 @@ class DeploymentApi(Protocol):
 
     def delete_deployment(self, namespace: str, name: str) -> None: ...
 
+    def set_replicas(self, namespace: str, name: str, replicas: int, held: int | None) -> None:
+        """Set `spec.replicas`, and `CANARY_SLOT_ANNOTATION` to `held` (None removes it)."""
+
     def ensure_config_map(self, namespace: str, body: Obj) -> None:
         """Create the ConfigMap unless one of that name exists (its name hashes its content)."""
 
@@ -123,6 +134,12 @@ class KubeActuator:
     first request's prefill at once, below the main pods' batch), which is not its config's
     speed."""
     canary_tolerance: float = 0.05
+    canary_in_place: bool = False
+    """The canary takes one main replica's place (main scaled to N-1 while it runs): for a
+    count the SpecDeployment sets. False where an autoscaler owns it: the canary runs beside."""
+    spare_replica: bool = True
+    """A spare GPU for a rollout (maxSurge above 0): an in-place canary starts on it before a
+    main replica stops; without one the main replica stops first."""
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
     notify: Notify | None = None
@@ -150,17 +167,18 @@ class KubeActuator:
         self._apply(config, canary=True, judge=judge)
 
     def canary_share(self) -> float | None:
-        """The share of the traffic a trial's canary would take now: 1/(N+1) beside N >= 2 main
-        replicas (the Service spreads requests evenly over the pods); None with one (there
-        `apply_trial` rolls the main pods at all of the traffic). An API that cannot tell
-        counts as no canary: the tuner then just does not explore this window."""
+        """The share of the traffic a trial's canary would take now with N >= 2 main replicas
+        (the Service spreads requests evenly over the pods): 1/N in a replica's place, 1/(N+1)
+        beside them; None with one (there `apply_trial` rolls the main pods at all of the
+        traffic). An API that cannot tell counts as no canary: the tuner then just does not
+        explore this window."""
         try:
             live = self._call(lambda: self.api.read_deployment(self.namespace, self.name))
         except Exception:
             return None
         if live is None or _replicas(live) < 2:
             return None
-        return 1.0 / (_replicas(live) + 1)
+        return 1.0 / (_replicas(live) + (0 if self.canary_in_place else 1))
 
     def trial_observation(self) -> Observation | None:
         """The canary pods' window from the last canary comparison (None before any)."""
@@ -176,18 +194,29 @@ class KubeActuator:
         self.last_canary_observation = None  # only a canary measured by this call taught anything
         main = self.render(config, "main")
         live = self._call(lambda: self.api.read_deployment(self.namespace, self.name))
+        if live is not None and _held(live) is not None:  # an earlier operator's trial
+            self._give_back_slot(None)
+            live = self._call(lambda: self.api.read_deployment(self.namespace, self.name))
         if self.config is None and live is not None:
             self.config = _live_config(live)  # what ran before this actuator changed anything
         changes = live is None or not _same_template(live, main)
         # Going back to the config that ran (a rollback) needs no canary: it was serving.
         canary = changes and canary and config != self.config
+        given_back = False
         try:
             if canary and live is not None and _replicas(live) >= 2:
-                self._try_canary(config, judge)
+                try:
+                    self._try_canary(config, judge, _replicas(live))
+                except CanaryRejected:
+                    self._give_back_slot(self._running())
+                    given_back = True
+                    raise
             self._roll(self.name, "main", main, live, config)
+            self._give_back_slot(config)
+            given_back = True
         finally:
-            # promoted or failed
-            self._call(lambda: self.api.delete_deployment(self.namespace, self.canary_name))
+            if not given_back:  # failed or stopped mid-way: the loop's rollback follows main
+                self._give_back_slot(None)
         self.config = config
 
     def observe(self, window_s: float) -> Observation:
@@ -248,10 +277,14 @@ class KubeActuator:
                 raise RolloutError(message)
             self.sleep(self.poll_s)
 
-    def _try_canary(self, config: SpecConfig, judge: TrialJudge | None) -> None:
+    def _try_canary(self, config: SpecConfig, judge: TrialJudge | None, replicas: int) -> None:
         desired = self.render(config, "canary")
         live = self._call(lambda: self.api.read_deployment(self.namespace, self.canary_name))
-        self._roll(self.canary_name, "canary", desired, live, config)  # apply() deletes it after
+        if self.canary_in_place and not self.spare_replica:  # no GPU for it until one stops
+            self._hold_slot(replicas)
+        self._roll(self.canary_name, "canary", desired, live, config)
+        if self.canary_in_place and self.spare_replica:
+            self._hold_slot(replicas)
         self.sleep(self.canary_warmup_s)
         result = self._compare(config, desired)
         served = self.last_canary_observation
@@ -264,6 +297,31 @@ class KubeActuator:
         self._notify("CanaryPromoted" if result.promoted else "CanaryRejected", result.reason)
         if not result.promoted:
             raise CanaryRejected(result.reason)
+
+    def _hold_slot(self, replicas: int) -> None:
+        """Scale the main Deployment to one replica fewer for the canary, and wait for it."""
+        self._call(lambda: self.api.set_replicas(self.namespace, self.name, replicas - 1, replicas))
+        running = self._running()
+        self._follow(self.name, self.render(running, "main"), running)
+
+    def _give_back_slot(self, follow: SpecConfig | None) -> None:
+        """Delete the canary and give its slot back to the main Deployment, whose pods run
+        `follow` (waited for; None: not waited for, the caller's rollback follows them)."""
+
+        def delete_canary() -> None:
+            self._call(lambda: self.api.delete_deployment(self.namespace, self.canary_name))
+
+        live = self._call(lambda: self.api.read_deployment(self.namespace, self.name))
+        held = _held(live) if live is not None else None
+        if held is None:
+            delete_canary()
+            return
+        if not self.spare_replica:  # the canary holds the GPU the replica needs
+            delete_canary()
+        self._call(lambda: self.api.set_replicas(self.namespace, self.name, held, None))
+        if follow is not None:
+            self._follow(self.name, self.render(follow, "main"), follow)
+        delete_canary()
 
     def _compare(self, config: SpecConfig, canary: Mapping[str, Any]) -> CanaryResult:
         main_targets = self._targets(self._selector(self.render(self._running(), "main")))
@@ -328,6 +386,15 @@ def _live_config(deployment: Mapping[str, Any]) -> SpecConfig | None:
 
 def _replicas(deployment: Mapping[str, Any]) -> int:
     return int((deployment.get("spec") or {}).get("replicas", 1))
+
+
+def _held(deployment: Mapping[str, Any]) -> int | None:
+    """The replica count a canary's slot is held from (None: no canary holds one)."""
+    held = ((deployment.get("metadata") or {}).get("annotations") or {}).get(CANARY_SLOT_ANNOTATION)
+    try:
+        return int(held) if held is not None else None
+    except ValueError:  # not ours to read: leave the count alone
+        return None
 
 
 def _same_template(live: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
@@ -395,6 +462,8 @@ def for_spec(
 
     options.setdefault("rollout_timeout_s", float(spec.tuning.rollout_timeout_s))
     options.setdefault("canary", spec.tuning.canary)
+    options.setdefault("canary_in_place", spec.replicas is not None)
+    options.setdefault("spare_replica", spec.tuning.max_surge > 0)
     return KubeActuator(
         api=api,
         name=name,

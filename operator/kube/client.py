@@ -5,11 +5,12 @@ subresource) and deletes any object by apiVersion and plural, asks discovery whe
 resource is served, and posts Events aggregated the way client-go does (the same reason and
 message on the same object bump `count` and `lastTimestamp` instead of piling up). On top of
 those it has the few Deployment-level calls the actuator makes (its `DeploymentApi`
-interface, operator/kube/actuator.py): read, create, template-replace and delete a
+interface, operator/kube/actuator.py): read, create, template-replace, scale and delete a
 Deployment, create a content-named ConfigMap when missing, list pods by label. The pod
 template is replaced with a JSON patch (`replace /spec/template`), so a field the new template
-drops is really gone (a merge patch would keep it) and `spec.replicas`, owned by the user or
-an autoscaler, is never written.
+drops is really gone (a merge patch would keep it) and `spec.replicas` is not written with it;
+`set_replicas` writes it only for a canary taking one replica's place, where the
+SpecDeployment sets the count (never where an autoscaler owns it).
 
 It is the official `kubernetes` client's ApiClient used for transport and authentication only
 (raw JSON, no model classes). A missing object reads as None and deleting one is not an error;
@@ -30,7 +31,7 @@ from typing import Any, Literal
 import urllib3
 from kubernetes import client, config
 
-from specpilot.operator.api.names import COMPONENT, KIND, PLURAL
+from specpilot.operator.api.names import CANARY_SLOT_ANNOTATION, COMPONENT, KIND, PLURAL
 
 Obj = dict[str, Any]
 PatchKind = Literal["merge", "json"]
@@ -201,6 +202,15 @@ class KubeRest:
 
     def delete_deployment(self, namespace: str, name: str) -> None:
         self.delete("apps/v1", "deployments", namespace, name)
+
+    def set_replicas(self, namespace: str, name: str, replicas: int, held: int | None) -> None:
+        held_value = None if held is None else str(held)  # None deletes it (merge patch)
+        patch = {
+            "metadata": {"annotations": {CANARY_SLOT_ANNOTATION: held_value}},
+            "spec": {"replicas": replicas},
+        }
+        if self.patch("apps/v1", "deployments", namespace, name, patch) is None:
+            raise KubeApiError(f"scale Deployment {namespace}/{name}: not found")
 
     def ensure_config_map(self, namespace: str, body: Obj) -> None:
         name = body["metadata"]["name"]

@@ -44,7 +44,7 @@ class InFlight:
     rolling_back: bool
     since_s: float
     trial: bool = False
-    """A trial: `config` runs on a canary beside the main pods, which keep `previous` until
+    """A trial: `config` runs on a canary with the main pods, which keep `previous` until
     the canary is judged (a new operator abandons it: operator/kube/resume.py)."""
 
     @property

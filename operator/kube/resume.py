@@ -10,9 +10,9 @@ dwell were counted when it was announced. One that fails is rolled back as the l
 have done: the rollback is announced first (so a second kill resumes the rollback), the
 previous config applied and followed, the failed one backed off. A rollback that was in flight
 is followed again; if it fails too, the error goes up and the next tick tries again. A trial
-(its config on a canary beside the main pods) is abandoned, not judged or promoted: the main
-pods keep the previous config (put back if its promotion had begun), the canary is deleted,
-nothing is backed off. No window
+(its config on a canary with the main pods) is abandoned, not judged or promoted: the main
+pods keep the previous config (put back if its promotion had begun), the canary is deleted
+and the slot it held given back to the main pods, nothing is backed off. No window
 is observed meanwhile, so the old pods' metrics are never credited to the new config.
 Stops (a BaseException) pass through untouched, as in the loop.
 """

@@ -2,12 +2,12 @@
 
 Contract: `rollout_status(deployment, pods, config_json)` is pure. It reads the Deployment the
 way `kubectl rollout status` does (observedGeneration caught up with generation, every replica
-updated, no old replica left, every updated replica available; ProgressDeadlineExceeded is a
-failure) and, to fail fast instead of waiting out a timeout, looks at the pods that run the
-target config (their `specpilot.io/config` annotation, copied from the pod template, equals
-`config_json` as JSON): one that crash-loops, cannot pull its image, or exited with an error
-fails the rollout, with the container's termination message (the engine's last log lines
-under `terminationMessagePolicy: FallbackToLogsOnError`).
+updated, no old or surplus replica left, every updated replica available;
+ProgressDeadlineExceeded is a failure) and, to fail fast instead of waiting out a timeout,
+looks at the pods that run the target config (their `specpilot.io/config` annotation, copied
+from the pod template, equals `config_json` as JSON): one that crash-loops, cannot pull its
+image, or exited with an error fails the rollout, with the container's termination message
+(the engine's last log lines under `terminationMessagePolicy: FallbackToLogsOnError`).
 
 Objects are plain dicts as the API server returns them (camelCase keys).
 """
@@ -68,6 +68,8 @@ def rollout_status(deployment: Obj, pods: Sequence[Obj], config_json: str) -> Ro
         return RolloutStatus(False, f"{updated} of {wanted} new replicas updated")
     if total > updated:
         return RolloutStatus(False, f"{total - updated} old replicas pending termination")
+    if updated > wanted:  # scaled down (a canary taking a replica's place)
+        return RolloutStatus(False, f"{updated - wanted} surplus replicas pending termination")
     if available < updated:
         return RolloutStatus(False, f"{available} of {updated} updated replicas available")
     return RolloutStatus(True, f"{available} of {wanted} replicas updated and available")

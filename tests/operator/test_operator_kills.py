@@ -15,9 +15,10 @@ after each kill; sometimes (seeded) it is killed again while it resumes. Asserte
   never more than one rollout in flight (pods of at most two configs; a template changed
   mid-rollout only back to the config before it);
 - after each restart, once the operator has settled: no rollout left in flight, the
-  Deployment runs the config status.tunerState and status.currentConfig name, every pod Ready
-  runs it, and nothing the tuner had in status.tunerState before the kill is lost (its
-  restart history, the configs it backed off, the methods it learned acceptance for);
+  Deployment runs the config status.tunerState and status.currentConfig name at the spec's
+  replica count (a canary's slot given back), every pod Ready runs it, and nothing the tuner
+  had in status.tunerState before the kill is lost (its restart history, the configs it
+  backed off, the methods it learned acceptance for);
 - a config that crash-loops is never what it settles on.
 Kill points are steps of the rollout, never wall-clock offsets; waits only bound a hang.
 """
@@ -41,6 +42,7 @@ from kube.chart import operator_rules
 from kube.operator_process import Operator, start_operator, stop, wait_for
 from kube.realism import RealisticKubernetes
 
+from specpilot.operator.api.names import CANARY_SLOT_ANNOTATION
 from specpilot.operator.api.spec import config_to_status
 from specpilot.tuner import SpecConfig
 
@@ -205,6 +207,9 @@ def settled(api: ApiServer, node: FakeNode) -> dict[str, Any] | None:
     if not state or "rollout" in state or status.get("phase") != "Running" or not deployment:
         return None
     if _template_config(deployment) != state["current"]:
+        return None
+    held = (deployment["metadata"].get("annotations") or {}).get(CANARY_SLOT_ANNOTATION)
+    if deployment["spec"].get("replicas") != 2 or held is not None:  # a canary's slot not back
         return None
     pods = node.pods_of(NAME)
     if len(pods) != 2 or not all(p.ready and p.config == state["current"] for p in pods):

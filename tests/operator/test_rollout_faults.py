@@ -26,6 +26,7 @@ from tuning_helpers import (
 from tuning_helpers import spd as spd_of
 
 from specpilot.operator import loop as loop_module
+from specpilot.operator.api.names import CANARY_SLOT_ANNOTATION
 from specpilot.operator.api.spec import config_to_status, decode_spec
 from specpilot.operator.kube.client import KubeRest
 from specpilot.operator.kube.persisted_state import load_state
@@ -279,11 +280,14 @@ TRIAL = SpecConfig(method="ngram", num_speculative_tokens=2)
 def test_a_trial_left_in_flight_is_abandoned_not_promoted(
     api: ApiServer, rest: KubeRest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A trial runs on a canary beside the main pods until it is judged. An operator killed
-    meanwhile leaves it unjudged: the next one neither renders it on the main pods (its
-    reconcile) nor promotes it (its first tick); it deletes the canary, nothing backed off."""
+    """A trial runs on a canary in one main pod's place until it is judged. An operator killed
+    meanwhile leaves it unjudged, the main Deployment one replica short: the next one neither
+    renders it on the main pods (its reconcile) nor promotes it (its first tick); it deletes
+    the canary and gives its slot back, nothing backed off."""
     create(api, "tried")
-    two = {"spec": {"replicas": 2}}
+    # no spare GPU: a main pod stops before the canary starts (the controller here plays the
+    # main Deployment only, so the canary never gets Ready: the kill comes while it starts)
+    two = {"spec": {"replicas": 2, "tuning": {"maxSurge": 0, "maxUnavailable": 1}}}
     rest.patch("specpilot.io/v1alpha1", "specdeployments", "default", "tried", two)
     reconcile(rest, spd_of(api, "tried"))
     real_decide = loop_module.decide
@@ -296,14 +300,20 @@ def test_a_trial_left_in_flight_is_abandoned_not_promoted(
     monkeypatch.setattr(loop_module, "decide", a_trial)
     controller = Controller(api, "tried")
 
-    def killed_comparing(seconds: float) -> None:  # once the canary is up and being compared
-        if api.get("apps", "deployments", "default", "tried-canary") and controller.sleeps:
+    held_at_kill: list[int] = []
+
+    def killed_comparing(seconds: float) -> None:  # once the canary holds a main pod's slot
+        main = api.get("apps", "deployments", "default", "tried") or {}
+        annotations = main["metadata"].get("annotations") or {}
+        if CANARY_SLOT_ANNOTATION in annotations and controller.sleeps:
+            held_at_kill.append(main["spec"]["replicas"])
             raise Stopping("SIGKILL")
         controller.sleep(seconds)
 
     make = real_rollouts(busy(), killed_comparing)
     with pytest.raises(Stopping):
         tune(rest, spd_of(api, "tried"), now=later(), make_actuator=make)
+    assert held_at_kill == [1]  # the canary had taken the other replica's place
     monkeypatch.undo()
     forget("default", "tried")
     assert stored(api, "tried")["rollout"]["trial"] is True
@@ -314,6 +324,9 @@ def test_a_trial_left_in_flight_is_abandoned_not_promoted(
     assert outcome is not None and "abandoned the trial" in outcome.reason, outcome
     assert running_config(api, "tried") == INITIAL
     assert api.get("apps", "deployments", "default", "tried-canary") is None
+    main = api.get("apps", "deployments", "default", "tried")
+    assert main["spec"]["replicas"] == 2
+    assert CANARY_SLOT_ANNOTATION not in main["metadata"].get("annotations", {})
     state = stored(api, "tried")
     assert "rollout" not in state and state["current"] == INITIAL.to_dict()
     assert state.get("failed", []) == []

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from specpilot.operator.api.names import CANARY_SLOT_ANNOTATION
 from specpilot.operator.api.spec import decode_spec
 from specpilot.operator.kube.actuator import (
     CanaryRejected,
@@ -86,6 +87,8 @@ class FakeCluster:
     controller: Callable[[FakeCluster], None] = lambda _: None
     patches: list[str] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
+    writes: list[str] = field(default_factory=list)
+    """Every write, in order: "create NAME", "patch NAME", "scale NAME N[ held M]", "delete"."""
 
     def read_deployment(self, namespace: str, name: str) -> Obj | None:
         self.controller(self)
@@ -94,6 +97,7 @@ class FakeCluster:
 
     def create_deployment(self, namespace: str, body: Obj) -> Obj:
         self.deployments[body["metadata"]["name"]] = copy.deepcopy(body)
+        self.writes.append(f"create {body['metadata']['name']}")
         return body
 
     def replace_template(self, namespace: str, name: str, template: Obj) -> Obj:
@@ -101,11 +105,23 @@ class FakeCluster:
         live["spec"]["template"] = copy.deepcopy(template)
         live["metadata"]["generation"] += 1
         self.patches.append(name)
+        self.writes.append(f"patch {name}")
         return live
+
+    def set_replicas(self, namespace: str, name: str, replicas: int, held: int | None) -> None:
+        live = self.deployments[name]
+        live["spec"]["replicas"] = replicas
+        live["metadata"]["generation"] += 1
+        annotations = live["metadata"].setdefault("annotations", {})
+        annotations.pop(CANARY_SLOT_ANNOTATION, None)
+        if held is not None:
+            annotations[CANARY_SLOT_ANNOTATION] = str(held)
+        self.writes.append(f"scale {name} {replicas}" + ("" if held is None else f" held {held}"))
 
     def delete_deployment(self, namespace: str, name: str) -> None:
         if self.deployments.pop(name, None) is not None:
             self.deleted.append(name)
+            self.writes.append(f"delete {name}")
             self.pods = [p for p in self.pods if p["metadata"]["labels"]["role"] != "canary"]
 
     def ensure_config_map(self, namespace: str, body: Obj) -> None:
@@ -258,6 +274,62 @@ def test_canary_is_compared_per_pod_then_promoted_or_discarded() -> None:
         act.apply(ngram)
     assert act.config == EAGLE and "llm-canary" not in cluster.deployments
     assert cluster.patches == ["llm"]  # main was patched once, for EAGLE only
+
+
+@pytest.mark.parametrize(
+    ("spare", "taken", "given_back"),
+    [
+        (True, ["create llm-canary", "scale llm 1 held 2"], ["scale llm 2", "delete llm-canary"]),
+        (False, ["scale llm 1 held 2", "create llm-canary"], ["delete llm-canary", "scale llm 2"]),
+    ],
+)
+def test_an_in_place_canary_takes_a_main_replicas_slot_and_gives_it_back(
+    spare: bool, taken: list[str], given_back: list[str]
+) -> None:
+    # with a spare GPU the canary is Ready before a main replica stops, and the replica is
+    # back before the canary goes; without one the other way round
+    speeds = {"eagle3": 150.0, "ngram": 50.0, "none": 100.0}
+    faster = PerPodMetrics(lambda t: speeds[t.config["method"] if t.config else "none"])
+    cluster = FakeCluster(controller=settle)
+    act = actuator(cluster, faster, canary_window_s=10, canary_in_place=True, spare_replica=spare)
+    act.apply(SpecConfig())
+    assert act.canary_share() == pytest.approx(1 / 2)  # one of two slots, not one of three
+    cluster.writes.clear()
+    with pytest.raises(CanaryRejected):
+        act.apply_trial(SpecConfig(method="ngram", num_speculative_tokens=3))
+    assert cluster.writes == taken + given_back
+    assert len(faster.windows[-1]) == 2  # one main pod beside the canary
+    main = cluster.deployments["llm"]
+    assert main["spec"]["replicas"] == 2 and act.config == SpecConfig()
+    assert CANARY_SLOT_ANNOTATION not in main["metadata"]["annotations"]
+    cluster.writes.clear()
+    act.apply_trial(EAGLE)  # promoted: the main pods roll, then the slot comes back
+    assert cluster.writes == [*taken, "patch llm", *given_back] and act.config == EAGLE
+    assert cluster.deployments["llm"]["spec"]["replicas"] == 2
+
+
+def test_a_slot_an_earlier_operator_left_held_is_given_back_at_the_next_apply() -> None:
+    cluster = FakeCluster(controller=settle)
+    act = actuator(cluster, canary_in_place=True, spare_replica=False)
+    act.apply(SpecConfig())
+    cluster.set_replicas("ns", "llm", 1, 2)  # killed mid-trial: main held, canary up
+    cluster.create_deployment("ns", deployment(EAGLE, replicas=1, role="canary"))
+    fresh = actuator(cluster, canary_in_place=True, spare_replica=False)
+    fresh.apply(SpecConfig())
+    main = cluster.deployments["llm"]
+    assert main["spec"]["replicas"] == 2 and "llm-canary" not in cluster.deployments
+    assert CANARY_SLOT_ANNOTATION not in main["metadata"]["annotations"]
+    assert sum(p["metadata"]["labels"]["role"] == "main" for p in cluster.pods) == 2
+
+
+def test_where_an_autoscaler_owns_the_count_the_canary_runs_beside_the_main_pods() -> None:
+    cluster = FakeCluster(controller=settle)
+    act = actuator(cluster, canary_window_s=10)  # canary_in_place off: replicas not ours
+    act.apply(SpecConfig())
+    assert act.canary_share() == pytest.approx(1 / 3)
+    cluster.writes.clear()
+    act.apply_trial(EAGLE)
+    assert not [w for w in cluster.writes if w.startswith("scale")]
 
 
 def test_pod_target_uses_the_prometheus_port_annotation_and_skips_unready_pods() -> None:

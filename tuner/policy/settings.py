@@ -65,10 +65,11 @@ class TunerSettings:
     """Weight on a trial's expected improvement (0 disables exploration). The control loop
     sets it to 0 where a trial would take all of the traffic (no canary: operator/loop.py)."""
     trial_share: float = 1.0
-    """The share of the traffic a trial runs on: 1/(N+1) for a one-replica canary beside N
-    main replicas (the control loop sets it from the actuator). A trial's expected loss is
-    scaled by it, and a canary that disappoints is deleted without touching the main
-    replicas, so below 1 a trial costs a restart only when it is promoted."""
+    """The share of the traffic a trial runs on: 1/N for a one-replica canary in one of N main
+    replicas' place, 1/(N+1) beside them (the control loop sets it from the actuator). A
+    trial's expected loss is scaled by it, and a canary that disappoints is deleted without
+    changing the main replicas' config, so below 1 a trial costs a restart of theirs only when
+    it is promoted."""
     excluded: tuple[SpecConfig, ...] = ()
     """Configs not to move to, synthesised schedules included (the control loop's backed-off
     configs: a schedule rejected on a canary is synthesised again on the next tick)."""
