@@ -91,6 +91,11 @@ class TunerState:
     """Mean KV tokens per running request, a moving estimate (0 until the engine reports)."""
     recent_batches: tuple[float, ...] = ()
     """The last RECENT_WINDOWS windows' mean batch, oldest first: the load's trend."""
+    demand_peak: float = 0.0
+    """The most output tokens/s per engine the traffic asked for in a window, decaying by half
+    every `TunerSettings.expected_dwell_s` (`remember_demand`): bursty traffic comes back to
+    its peaks, and a config entered for its dwell must hold them, not just the trend of the
+    last few windows."""
     capacity_exits: tuple[tuple[str, float], ...] = ()
     """(method, output tokens/s) per speculative method the tuner left for capacity: what it
     served in the window it was left (its capacity under a queue; short of one, the load it
@@ -270,6 +275,11 @@ class TunerState:
     def remember_batch(self, batch: float) -> TunerState:
         return replace(self, recent_batches=(*self.recent_batches, batch)[-RECENT_WINDOWS:])
 
+    def remember_demand(self, demand: float, window_s: float, half_life_s: float) -> TunerState:
+        """One more window's offered demand: the peak so far, decayed over the window, or it."""
+        decayed = self.demand_peak * math.pow(0.5, window_s / max(half_life_s, 1e-9))
+        return replace(self, demand_peak=max(demand, decayed))
+
     def learn_throughput(self, config: SpecConfig, batch: float, ratio: float) -> TunerState:
         """`ratio` is measured over prior throughput for `config` at `batch`."""
         if ratio <= 0 or not math.isfinite(ratio):
@@ -313,6 +323,7 @@ class TunerState:
             "prompt_tokens": round(self.prompt_tokens, 1),
             "context_tokens": round(self.context_tokens, 1),
             "recent_batches": [round(b, 2) for b in self.recent_batches],
+            "demand_peak": self.demand_peak,
             "capacity_exits": [[m, round(d, 1)] for m, d in self.capacity_exits],
             "canary_only": [c.to_dict() for c in self.canary_only],
             "residuals": [
@@ -343,6 +354,7 @@ class TunerState:
             prompt_tokens=float(body.get("prompt_tokens", 0.0)),
             context_tokens=float(body.get("context_tokens", 0.0)),
             recent_batches=tuple(float(b) for b in body.get("recent_batches", [])),
+            demand_peak=float(body.get("demand_peak", 0.0)),
             capacity_exits=tuple((str(m), float(d)) for m, d in body.get("capacity_exits", [])),
             canary_only=tuple(SpecConfig.from_dict(c) for c in body.get("canary_only", [])),
             residuals=tuple(

@@ -11,6 +11,7 @@ import pytest
 
 from specpilot.tuner import (
     AcceptanceCurve,
+    Decision,
     Observation,
     SpecConfig,
     StepCost,
@@ -207,11 +208,42 @@ def test_a_rollout_one_pod_at_a_time_enters_only_what_the_pods_left_serving_hold
     assert run("latency", NO_SPEC, [24.0] * 4).config == EAGLE
     held = run("latency", NO_SPEC, [24.0] * 4, rollout_share=0.5)
     assert held.action == "stay", held.reason
-    assert run("latency", NO_SPEC, [16.0] * 4, rollout_share=0.5).config == EAGLE
-    assert settings(rollout_share=0.5).entry_margin() == pytest.approx(1.0)
-    assert settings(rollout_share=0.9).entry_margin() == settings().capacity_margin
+    assert run("latency", NO_SPEC, [12.0] * 4, rollout_share=0.5).config == EAGLE
+    # the capacity margin on the replicas left serving: 1.2x the load on half of them
+    assert settings(rollout_share=0.5).entry_margin() == pytest.approx(1.4)
+    assert settings(rollout_share=0.9).entry_margin() == pytest.approx(1.2 / 0.9 - 1)
     # one replica (none left serving): the downtime is the restart's price, not a margin
     assert settings(rollout_share=0.0).entry_margin() == settings().capacity_margin
+
+
+def test_a_config_that_could_not_carry_a_recent_peak_is_not_entered() -> None:
+    # bursty traffic comes back to its peaks: at batch 24 EAGLE-3 is entered after a steady
+    # load, not two windows after no speculation ran at max-num-seqs with a queue
+    chosen = settings("latency", windows=8)
+
+    def last_decision(batches: list[float], waiting: list[float]) -> Decision:
+        state = replace(TunerState.initial(NO_SPEC, 0.0, PRIORS), restarts=(0.0,))
+        for i, (batch, queued) in enumerate(zip(batches, waiting, strict=True)):
+            decision, state = decide(
+                window(NO_SPEC, batch, queued), state, chosen, COST, 60.0 * (i + 1)
+            )
+        return decision
+
+    calm = last_decision([24.0] * 8, [0.0] * 8)
+    assert calm.config == EAGLE, calm.reason
+    peak = float(settings().max_batch)
+    after_peak = last_decision([24.0] * 5 + [peak, 24.0, 24.0], [0.0] * 5 + [400.0, 0.0, 0.0])
+    assert after_peak.action == "stay", after_peak.reason
+
+
+def test_the_remembered_peak_halves_every_half_life() -> None:
+    state = TunerState.initial(NO_SPEC, 0.0, PRIORS).remember_demand(1000.0, 60.0, 600.0)
+    assert state.demand_peak == 1000.0
+    for _ in range(10):  # ten windows of 60 s: one half-life
+        state = state.remember_demand(100.0, 60.0, 600.0)
+    assert state.demand_peak == pytest.approx(500.0)
+    assert state.remember_demand(900.0, 60.0, 600.0).demand_peak == 900.0
+    assert TunerState.from_json(state.to_json()).demand_peak == state.demand_peak
 
 
 def test_without_a_spare_gpu_a_canary_waits_until_the_pods_left_carry_the_load() -> None:

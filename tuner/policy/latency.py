@@ -32,6 +32,8 @@ from specpilot.tuner._model.surrogate import Prediction, Surrogate
 from specpilot.tuner.policy.settings import TunerSettings
 from specpilot.tuner.spec_config import SpecConfig
 
+QUEUED_REQUESTS = 0.5
+"""Mean waiting requests above which the served rate understates the demand."""
 OVERLOAD_PENALTY = 10.0
 """How much worse than the slowest per-token latency an overloaded config is priced at the
 least overload: a queue's wait soon dwarfs any per-token difference."""
@@ -109,6 +111,15 @@ def overload_unit(curves: Sequence[Curve]) -> float:
     priced in multiples of it, so that any config that keeps up beats every one that does not,
     and among those that do not, the one with the most capacity wins."""
     return max(p.tpot_s for curve in curves for _, p in curve)
+
+
+def offered_demand(throughput: float, batch: float, waiting: float) -> float:
+    """Output tokens/s the traffic asks for. With a queue, the served rate is the running
+    config's capacity, not the demand: the queued requests ask for their share on top
+    (each as much as a running one)."""
+    if waiting > QUEUED_REQUESTS and batch > 0:
+        return throughput * (1.0 + waiting / batch)
+    return throughput
 
 
 def latency_score(

@@ -25,6 +25,7 @@ from specpilot.tuner._model.step_cost import StepCost
 from specpilot.tuner._model.surrogate import Surrogate
 from specpilot.tuner.observation import Observation
 from specpilot.tuner.policy.ablation import average_acceptance, average_curves, average_sd
+from specpilot.tuner.policy.latency import offered_demand
 from specpilot.tuner.policy.settings import TunerSettings
 from specpilot.tuner.spec_config import SpecConfig
 from specpilot.tuner.state import TunerState
@@ -92,8 +93,11 @@ def learn(
         acceptance_sd=state.acceptance_sd() if posterior else average_sd(state),
         residual_gp=settings.residual_model == "gp",
     )
+    demand = offered_demand(throughput, batch, observation.waiting_requests or 0.0)
     return Belief(
-        state=state.remember_batch(batch),
+        state=state.remember_batch(batch).remember_demand(
+            demand, observation.window_s, settings.expected_dwell_s
+        ),
         batch=batch,
         throughput=throughput,
         context=context,

@@ -35,8 +35,8 @@ class TunerSettings:
     """The share of the replicas serving while a rollout replaces them: (replicas -
     maxUnavailable) / replicas, 1 with a surge (maxUnavailable 0). Below 1 the replicas still
     up carry the whole load until the rollout ends, and the pods that came up first run the
-    target: a config is entered only if it holds the load ahead over this share
-    (`entry_margin`)."""
+    target: a config is entered only if it holds the load ahead, with the capacity margin,
+    over this share (`entry_margin`)."""
     synthesize_schedules: bool = True
     """Also consider, per method, its largest K with a schedule synthesised from the model."""
     min_dwell_s: float = 300.0
@@ -104,8 +104,9 @@ class TunerSettings:
 
     def entry_margin(self) -> float:
         """The spare capacity a config must have over the load ahead to be entered: the
-        capacity margin, or more when a rollout leaves fewer replicas serving (with none left,
-        a single replica, the downtime is the restart's price, not a margin)."""
+        capacity margin, on the replicas a rollout leaves serving (with none left, a single
+        replica, the downtime is the restart's price, not a margin). The margin is for the
+        traffic's bursts within a window, which the replicas left serving see too."""
         if not 0.0 < self.rollout_share < 1.0:
             return self.capacity_margin
-        return max(self.capacity_margin, 1.0 / self.rollout_share - 1.0)
+        return (1.0 + self.capacity_margin) / self.rollout_share - 1.0
