@@ -342,27 +342,22 @@ class EmulatedDeployment:
         for rid in replicas:
             self._replace(rid, config)
 
-    def _replace(self, rid: int, config: SpecConfig) -> None:
-        """Replace one replica: with a spare GPU (surge) the new one starts first and the old
-        one stops once it is ready; without one the old one stops first."""
+    def _replace(self, rid: int, config: SpecConfig) -> int:
+        """Replace one replica, returning the new one's id: with a spare GPU (surge) the new
+        one starts first and the old one stops once it is ready; without one the old one
+        stops first."""
         if self.rollout != "surge":
             self._stop_replica(rid)
         new = self._start_replica(config, ready_at=self.now + self.start_time_s)
         self.run_until(self._replicas[new].ready_at)
         if self.rollout == "surge":
             self._stop_replica(rid)
+        return new
 
     def _start_canary(self, config: SpecConfig) -> int:
         """Start the canary in the last replica's place (`_replace`'s order), so that a trial
         never serves on more replicas than the static configs it is compared with."""
-        retiring = max(self._replicas)
-        if self.rollout != "surge":
-            self._stop_replica(retiring)
-        canary = self._start_replica(config, ready_at=self.now + self.start_time_s)
-        self.run_until(self._replicas[canary].ready_at)
-        if self.rollout == "surge":
-            self._stop_replica(retiring)
-        return canary
+        return self._replace(max(self._replicas), config)
 
     def _observation(
         self, w: _WindowTotals, window_s: float, ready: list[tuple[int, _Replica]]
