@@ -93,9 +93,10 @@ class TunerState:
     """The last RECENT_WINDOWS windows' mean batch, oldest first: the load's trend."""
     demand_peak: float = 0.0
     """The most output tokens/s per engine the traffic asked for in a window, decaying by half
-    every `TunerSettings.expected_dwell_s` (`remember_demand`): bursty traffic comes back to
-    its peaks, and a config entered for its dwell must hold them, not just the trend of the
-    last few windows."""
+    every `TunerSettings.expected_dwell_s` of observed windows (`remember_demand`; the
+    operator observes 0.8 of each interval, so there it halves every 1.25 dwells of wall
+    time): bursty traffic comes back to its peaks, and a config entered for its dwell must
+    hold them, not just the trend of the last few windows."""
     capacity_exits: tuple[tuple[str, float], ...] = ()
     """(method, output tokens/s) per speculative method the tuner left for capacity: what it
     served in the window it was left (its capacity under a queue; short of one, the load it
