@@ -4,11 +4,13 @@ Contract: `propose_for_latency(belief, space, settings, waiting)` reads the offe
 (output tokens/s served, plus the queue's share when requests wait), the demand ahead (the
 batch forecast read through the running config's curve; at max-num-seqs, beyond the running
 config's capacity; when the measured batch is far above the running config's steady batch,
-beyond what it serves: `behind`), and scores every config of the space with
-`latency.latency_score`, a method the tuner left for capacity held to what it served then
-(`TunerState.capacity_exits`). It
-returns the running config's prediction and a `Proposal` in the objective's units (tokens/s
-served, scaled by the per-token latency gain; see `latency.rate`), or None. The proposal's
+beyond what it serves: `behind`; never below the recent peak, `TunerState.demand_peak`), and
+scores every config of the space with `latency.latency_score`, a method the tuner left for
+capacity held to what it served then (`TunerState.capacity_exits`). On a canary, no trial is
+made while the replicas a canary's start leaves could not carry the load ahead
+(`short_in_the_canary_start`). It returns the running config's prediction and a `Proposal`
+in the objective's units (tokens/s served, scaled by the per-token latency gain; see
+`latency.rate`), or None. The proposal's
 `speed_gain` is the per-sequence speed gain at the window's batch, without the overload price:
 what the control loop checks after a switch, when the batch has not moved much. Pure.
 """
