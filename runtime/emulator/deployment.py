@@ -207,14 +207,13 @@ class EmulatedDeployment:
         self._trial = self._observation(measured, span, [(canary, self._replicas[canary])])
         self.canaries += 1
         why_not = self._canary_verdict(config, measured, main, judge)
-        if why_not is not None:
-            self._replace(canary, self.config)
+        if why_not is None:
             self.rollout_s += self.now - started
-            raise CanaryRejected(why_not)
-        self.config = config
-        self.restarts += 1
-        self._roll(config, sorted(self._replicas))  # the canary last: it holds its slot till then
+            self.apply(config)  # the canary's id is the highest: it holds its slot till last
+            return
+        self._replace(canary, self.config)
         self.rollout_s += self.now - started
+        raise CanaryRejected(why_not)
 
     def _canary_verdict(
         self,
