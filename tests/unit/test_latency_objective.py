@@ -261,6 +261,27 @@ def test_without_a_spare_gpu_a_canary_waits_until_the_pods_left_carry_the_load()
     assert not short(0.9) and not short(1.0)
 
 
+def test_no_canary_trial_is_made_while_requests_wait() -> None:
+    # under a queue a canary would measure the backlog, not the config, and its start takes
+    # a replica from the drain: the same window without the queue is worth a trial
+    surrogate = Surrogate(COST, PRIORS, prefill_ratio=PREFILL_RATIO, acceptance_sd={"eagle3": 0.15})
+    batch = 48.0
+    demand = surrogate.predict(NO_SPEC, batch, CONTEXT).tokens_per_s
+    belief = Belief(
+        state=TunerState.initial(NO_SPEC, 0.0, PRIORS),
+        batch=batch,
+        throughput=demand,
+        context=CONTEXT,
+        acceptance=PRIORS,
+        surrogate=surrogate,
+    )
+    on_a_canary = replace(settings(), exploration=1.0, trial_share=0.25)
+    _, calm = propose_for_latency(belief, CANDIDATES, on_a_canary, waiting=0.0)
+    assert calm is not None and calm.trial and calm.config == EAGLE, calm
+    _, queued = propose_for_latency(belief, CANDIDATES, on_a_canary, waiting=5.0)
+    assert queued is None, queued
+
+
 def test_an_overloaded_speculative_config_is_left_for_more_capacity() -> None:
     batch = float(settings().max_batch)
     # a fast restart: under overload a slow one adds its downtime to the queue, which a few

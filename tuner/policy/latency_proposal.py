@@ -7,8 +7,9 @@ config's capacity; when the measured batch is far above the running config's ste
 beyond what it serves: `behind`; never below the recent peak, `TunerState.demand_peak`), and
 scores every config of the space with `latency.latency_score`, a method the tuner left for
 capacity held to what it served then (`TunerState.capacity_exits`). On a canary, no trial is
-made while the replicas a canary's start leaves could not carry the load ahead
-(`short_in_the_canary_start`). It returns the running config's prediction and a `Proposal`
+made under a queue (the running config overloaded, or requests waiting) or while the
+replicas a canary's start leaves could not carry the load ahead (`short_in_the_canary_start`).
+It returns the running config's prediction and a `Proposal`
 in the objective's units (tokens/s served, scaled by the per-token latency gain; see
 `latency.rate`), or None. The proposal's
 `speed_gain` is the per-sequence speed gain at the window's batch, without the overload price:
@@ -23,6 +24,7 @@ from dataclasses import replace
 
 from specpilot.tuner._model.surrogate import Prediction
 from specpilot.tuner.policy.latency import (
+    QUEUED_REQUESTS,
     Curve,
     LatencyScore,
     batch_limit,
@@ -147,9 +149,15 @@ def propose_for_latency(
         valued = [
             (c, _as_prediction(trial_scores[c], curves[c], served, reference)) for c in candidates
         ]
+        # Under a queue a canary measures the backlog, not the config: its share of a queue
+        # is served at the queue's batch, and its start takes a replica from the drain (Azure
+        # at peak 1.2, 4 replicas with surge: trials made while hundreds of requests waited
+        # were the worst worlds' loss; bench/results/yardstick-azure-vllm-4x-surge.md)
+        under_a_queue = running_score.overloaded or waiting > QUEUED_REQUESTS
         trial = (
             None
-            if short_in_the_canary_start(current, curves[current], demand, peak, unit, settings)
+            if under_a_queue
+            or short_in_the_canary_start(current, curves[current], demand, peak, unit, settings)
             else explore(valued, current, running, settings)
         )
     else:
