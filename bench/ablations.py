@@ -14,9 +14,10 @@ speculation, the full tuner and each ablation (operator/app/bench/policies.py, `
   measured mean prompt (`TunerSettings.lumpy_prefill`);
 - specpilot:no-exploration: no trials. The control loop lets the tuner explore only where a
   trial runs on a canary (operator/loop.py), so this differs from the full tuner only in the
-  4-replica run (`poisson-vllm-4x-one-at-a-time`, the sweep at four rates, where it alone is
-  run beside the full tuner and no speculation); with trials on all of the traffic it paid
-  for itself in none of 90 one-replica world runs (`git show d04e071:bench/results/ablations.md`).
+  4-replica runs (`poisson-vllm-4x-one-at-a-time`, the sweep at four rates, and
+  `azure-vllm-4x-surge`, where it alone is run beside the full tuner and no speculation);
+  with trials on all of the traffic it paid for itself in none of 90 one-replica world runs
+  (`git show d04e071:bench/results/ablations.md`).
 Writes bench/results/ablations-NAME.json (the bench's report: commit, command, seeds) and
 ablations.md: per run, each policy's median-world figures and, per world, the mean E2E latency
 of each ablation over the full tuner's (above 1: the component paid for itself in that world).
@@ -43,16 +44,23 @@ RUNS: dict[str, list[str]] = {
     # The Azure trace is chat alone: the task mix moving (chat -> code -> summarize -> chat at
     # 6 req/s) is what exercises what the posterior adds over a moving average.
     "taskmix-vllm": ["--trace", "bench/traces/taskmix.csv", *VLLM, "--rollout", "surge"],
-    # Four replicas: a trial runs on a fifth, the canary, at a fifth of the traffic. Four
-    # rates, not seven, and only the ablation that differs there: each cell simulates four
-    # engines.
+    # Four replicas: a trial runs on a canary in one replica's place, at a quarter of the
+    # traffic. Four rates, not seven, and only the ablation that differs there: each cell
+    # simulates four engines.
     "poisson-vllm-4x-one-at-a-time": [
         "--trace", AZURE, "--poisson", "0.1:1.3:4", *VLLM, "--replicas", "4",
         "--rollout", "one-at-a-time",
     ],
+    # The real trace with a spare GPU: the canary starts beside the replicas, so a trial's
+    # start takes no capacity from them.
+    "azure-vllm-4x-surge": [
+        "--trace", AZURE, "--peak-load", "1.2", *VLLM, "--replicas", "4", "--rollout", "surge",
+    ],
 }  # fmt: skip
+EXPLORATION_ONLY = ",".join([NO_SPEC, SPECPILOT, "specpilot:no-exploration"])
 RUN_POLICIES = {
-    "poisson-vllm-4x-one-at-a-time": ",".join([NO_SPEC, SPECPILOT, "specpilot:no-exploration"]),
+    "poisson-vllm-4x-one-at-a-time": EXPLORATION_ONLY,
+    "azure-vllm-4x-surge": EXPLORATION_ONLY,
 }
 """Runs that compare fewer policies than `POLICIES`."""
 
