@@ -53,6 +53,10 @@ MAX_RESIDUAL_WEIGHT = 8.0
 MAX_ACCEPTANCE_SUPPORT = 100.0
 """Windows counted behind an estimate at most (the count only says measured or not; the
 posterior's own effective sample size is capped in `_model/acceptance_posterior.py`)."""
+NO_DRAFT_MIN_TOKENS = 256.0
+"""Output tokens a speculative config must generate in a window without one draft for the
+window to count as acceptance of none: fewer may be first tokens alone (prefill), which
+no drafter ever proposes for."""
 INITIAL_TASK_STRENGTH = 2.0
 """Pseudo-windows behind the initial task weights: the first clear move of the running
 method's acceptance is enough to shift them."""
@@ -161,10 +165,17 @@ class TunerState:
             return state
         length = obs.acceptance_length if _finite(obs.acceptance_length) else None
         drafts = obs.drafts
-        if drafts is not None and not (_finite(drafts) and drafts > 0):
-            return state  # nothing drafted, or a broken counter: nothing to learn
-        window_drafts = drafts if drafts is not None else WINDOW_ESS
         survival = _trusted_survival(config, obs, k)
+        if drafts == 0.0 and _decoded_without_drafts(obs) >= NO_DRAFT_MIN_TOKENS:
+            # The drafter found nothing to propose (n-gram on sampled text: vLLM's CPU build
+            # at temperature 0.7 drafted not once in bench/results/real_vllm.md): every token
+            # came from a step of its own, as with an acceptance of none
+            length, survival = 1.0, None
+            window_drafts = min(_decoded_without_drafts(obs), WINDOW_ESS)
+        elif drafts is not None and not (_finite(drafts) and drafts > 0):
+            return state  # nothing decoded, or a broken counter: nothing to learn
+        else:
+            window_drafts = drafts if drafts is not None else WINDOW_ESS
         if survival is not None:
             accepted, trials = counts_from_survival(survival, window_drafts)
         elif length is not None and length >= 1.0:
@@ -380,6 +391,12 @@ def _task(value: Any) -> str:
     if value not in TASKS:
         raise ValueError(f"prior_task {value!r} is not one of {' | '.join(TASKS)}")
     return str(value)
+
+
+def _decoded_without_drafts(obs: Observation) -> float:
+    """Output tokens the window generated (0 when unknown)."""
+    rate = obs.generation_tokens_per_s
+    return rate * obs.window_s if _finite(rate) and rate > 0 and _finite(obs.window_s) else 0.0
 
 
 def _finite(value: float | None) -> TypeGuard[float]:

@@ -10,6 +10,7 @@ import json
 import math
 import random
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 
@@ -201,7 +202,9 @@ def test_sglang_length_only_updates() -> None:
         window(None, 500.0, float("nan"), k=5),
         window(None, 500.0, float("inf"), k=5),
         window(None, 500.0, None, k=5),
-        window([250, 100, 40, 10, 2], 0.0, 1.8, k=5),  # no drafts in the window
+        # no drafts and too few tokens to tell (prefill's first tokens)
+        replace(window([250, 100, 40, 10, 2], 0.0, 1.8, k=5), generation_tokens_per_s=4.0),
+        replace(window(None, 0.0, None, k=5), generation_tokens_per_s=None),
         window(None, float("nan"), 0.5, k=5),  # below 1: not a length
         window([250, 100, 40, 10, 2], float("inf"), None, k=5),
     ],
@@ -210,6 +213,19 @@ def test_non_finite_and_zero_inputs_are_ignored(broken: Observation) -> None:
     state = run(TunerState.initial(EAGLE3_K5, 0.0, CHAT), EAGLE3_K5, [expected(TRUTH, 5)] * 3)
     after = state.learn_acceptance(EAGLE3_K5, broken, 0.0)
     assert after == state
+
+
+def test_a_drafter_that_proposes_nothing_is_learned_as_no_acceptance() -> None:
+    # n-gram on sampled text: the engine decoded thousands of tokens and drafted not once;
+    # the method's estimate falls toward no acceptance and lifts again once it drafts well
+    state = run(TunerState.initial(NGRAM_K3, 0.0, CHAT), NGRAM_K3, [expected(TRUTH, 3)] * 10)
+    learned = state.acceptance_curves()["ngram"].expected_length(3)
+    assert learned > 2.0
+    silent = window(None, 0.0, None, k=3)  # 500 tok/s over 60 s, no drafts
+    after = run(state, NGRAM_K3, [silent] * 5)
+    assert after.acceptance_curves()["ngram"].expected_length(3) < 1.3
+    back = run(after, NGRAM_K3, [expected(TRUTH, 3)] * 10)
+    assert back.acceptance_curves()["ngram"].expected_length(3) > 2.0
 
 
 def test_a_broken_per_position_reading_falls_back_to_the_length() -> None:
