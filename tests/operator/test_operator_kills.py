@@ -52,9 +52,11 @@ SEED = 13
 STEPS = ("patch-refused", "patched", "surged", "new-ready", "complete")
 """Steps every rollout goes through, in order (a kill picks one)."""
 KILLS = int(os.environ.get("SPECPILOT_OPERATOR_KILLS", str(len(STEPS))))
-# Traffic that flips after every decision, so that each tick is a switch (none <-> n-gram K=4):
-# a queue past capacity where n-gram accepts little, then one user whose text it predicts well.
-BUSY = World(batch=512.0, waiting=200.0, tokens_per_s=9000.0, acceptance_length=1.5)
+# Traffic that flips after every decision, so that each tick is a switch between n-gram's Ks
+# (or speculation off): a busy batch where n-gram accepts little, then one user whose text it
+# predicts well. No queue: a queue's demand is remembered as the recent peak
+# (`TunerState.demand_peak`), and one past n-gram's capacity keeps it off at the next idle.
+BUSY = World(batch=128.0, waiting=0.0, tokens_per_s=6000.0, acceptance_length=1.5)
 IDLE = World(batch=1.0, waiting=0.0, tokens_per_s=150.0, acceptance_length=3.0)
 
 
