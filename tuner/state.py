@@ -166,12 +166,13 @@ class TunerState:
         length = obs.acceptance_length if _finite(obs.acceptance_length) else None
         drafts = obs.drafts
         survival = _trusted_survival(config, obs, k)
-        if drafts == 0.0 and _decoded_without_drafts(obs) >= NO_DRAFT_MIN_TOKENS:
+        generated = _tokens_generated(obs)
+        if drafts == 0.0 and generated >= NO_DRAFT_MIN_TOKENS:
             # The drafter found nothing to propose (n-gram on sampled text: vLLM's CPU build
             # at temperature 0.7 drafted not once in bench/results/real_vllm.md): every token
             # came from a step of its own, as with an acceptance of none
             length, survival = 1.0, None
-            window_drafts = min(_decoded_without_drafts(obs), WINDOW_ESS)
+            window_drafts = min(generated, WINDOW_ESS)
         elif drafts is not None and not (_finite(drafts) and drafts > 0):
             return state  # nothing decoded, or a broken counter: nothing to learn
         else:
@@ -393,7 +394,7 @@ def _task(value: Any) -> str:
     return str(value)
 
 
-def _decoded_without_drafts(obs: Observation) -> float:
+def _tokens_generated(obs: Observation) -> float:
     """Output tokens the window generated (0 when unknown)."""
     rate = obs.generation_tokens_per_s
     return rate * obs.window_s if _finite(rate) and rate > 0 and _finite(obs.window_s) else 0.0
