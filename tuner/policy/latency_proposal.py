@@ -151,8 +151,8 @@ def propose_for_latency(
         ]
         # Under a queue a canary measures the backlog, not the config: its share of a queue
         # is served at the queue's batch, and its start takes a replica from the drain (Azure
-        # at peak 1.2, 4 replicas with surge: trials made while hundreds of requests waited
-        # were the worst worlds' loss; bench/results/yardstick-azure-vllm-4x-surge.md)
+        # at peak 1.2, 4 replicas with surge: worst world 1.186x no speculation's mean E2E at
+        # e3d01c5, one trial made under 1328 waiting requests; 1.049x without them, c2aa949)
         under_a_queue = running_score.overloaded or waiting > QUEUED_REQUESTS
         trial = (
             None
