@@ -107,6 +107,11 @@ class TunerState:
     was left at), raised to the most it has served since. The policy holds the method's
     capacity to this (`policy.latency_proposal`): the physics prior's capacity at a batch the
     method never ran at is a guess, and the exit is what was seen."""
+    last_window_s: float | None = None
+    """When the last window the tuner learned from ended (its `now`); None before the first.
+    A window is the running config's first when this is not after `since_s`: a freshly
+    started engine compiles, allocates and fills its caches on its first load, so that window
+    shows a cold engine's speed, not the config's (`policy.learn`)."""
     canary_only: tuple[SpecConfig, ...] = ()
     """Configs a trial's canary measured that the main replicas have not run since: the tuner
     reads their capacity one sd down (`TunerSettings.unproven`). Kept here so that an operator
@@ -339,6 +344,7 @@ class TunerState:
             "demand_peak": self.demand_peak,
             "capacity_exits": [[m, round(d, 1)] for m, d in self.capacity_exits],
             "canary_only": [c.to_dict() for c in self.canary_only],
+            "last_window_s": self.last_window_s,
             "residuals": [
                 [r.config.to_dict(), r.log2_batch, r.mean, r.weight] for r in self.residuals
             ],
@@ -370,6 +376,7 @@ class TunerState:
             demand_peak=float(body.get("demand_peak", 0.0)),
             capacity_exits=tuple((str(m), float(d)) for m, d in body.get("capacity_exits", [])),
             canary_only=tuple(SpecConfig.from_dict(c) for c in body.get("canary_only", [])),
+            last_window_s=_optional_float(body.get("last_window_s")),
             residuals=tuple(
                 ResidualPoint(SpecConfig.from_dict(c), int(b), float(m), float(w))
                 for c, b, m, w in body["residuals"]
@@ -382,6 +389,10 @@ def _blend(current: float, observed: float) -> float:
     if current == 0.0:
         return observed
     return (1 - LEARNING_RATE) * current + LEARNING_RATE * observed
+
+
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 def _floats(values: Any) -> tuple[float, ...]:

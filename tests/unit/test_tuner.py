@@ -21,6 +21,7 @@ from specpilot.tuner import (
     decide,
 )
 from specpilot.tuner._model.schedule import synthesize_schedule
+from specpilot.tuner.policy.learn import learn
 
 COST = StepCost.for_hardware("H100", "llama-3.1-8b")
 PRIORS = {"eagle3": AcceptanceCurve(0.775, 0.973), "ngram": AcceptanceCurve(0.2853, 1.0)}
@@ -345,3 +346,25 @@ def test_an_excluded_schedule_is_not_synthesised_back_into_the_space() -> None:
     assert scheduled
     excluded = replace(settings_, excluded=(scheduled[0],))
     assert scheduled[0] not in propose._space(excluded, PRIORS, COST, 0.0, 1024.0)
+
+
+def test_a_new_engines_first_window_is_not_learned_as_its_speed() -> None:
+    """The real vLLM CPU server served its first window after a switch at half the speed of the
+    same load before (a cold engine), and the tuner learned that as the config's speed and
+    left it. However long after the switch it comes, the first window a new config serves
+    teaches acceptance and traffic but not speed; the second teaches speed."""
+    ngram = SpecConfig(method="ngram", num_speculative_tokens=3)
+    state = replace(TunerState.initial(ngram, 0.0, PRIORS), restarts=(0.0,), last_window_s=-30.0)
+    settings = TunerSettings(candidates=CANDIDATES)
+    slow = physics_observation(ngram, 4.0)
+    slow = replace(slow, generation_tokens_per_s=slow.generation_tokens_per_s / 2)
+    first = learn(slow, state, settings, COST, now=600.0)
+    assert not isinstance(first, str)
+    assert first.state.residuals == ()
+    assert first.state.acceptance_support  # the window's acceptance was learned
+    second = learn(slow, first.state, settings, COST, now=630.0)
+    assert not isinstance(second, str)
+    residual = {r.config: r.mean for r in second.state.residuals}[ngram]
+    assert residual == pytest.approx(-0.693, abs=0.01)  # log(1/2): the second window counts
+    again = TunerState.from_json(second.state.to_json())
+    assert again.last_window_s == 630.0

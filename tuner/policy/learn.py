@@ -9,16 +9,17 @@ prompt/output ratio and context per request, raises a method's capacity ceiling 
 serves (`TunerState.served`), and remembers the window's batch (the load's trend); it also
 learns the residual of measured over prior throughput, once the running config has served more
 than a window and a half since the tuner's last switch (a window that saw the switch also saw
-the restart's downtime and refill) or from the first window when the tuner has not switched
-yet. `learn_trial(observation, config, state, settings, cost, now)` folds a trial's canary
-window the same way for the config it ran (acceptance and throughput residual; not the traffic,
-which the main replicas' windows measure) and says what it learned. Pure: `now` is the only
-clock.
+the restart's downtime and refill) and one learned window before this one (a new engine's
+first loaded window is a cold engine's: `TunerState.last_window_s`), or from the first window
+when the tuner has not switched yet. `learn_trial(observation, config, state, settings, cost,
+now)` folds a trial's canary window the same way for the config it ran (acceptance and
+throughput residual; not the traffic, which the main replicas' windows measure) and says what
+it learned. Pure: `now` is the only clock.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from specpilot.tuner._model.acceptance import AcceptanceCurve
 from specpilot.tuner._model.step_cost import StepCost
@@ -78,10 +79,15 @@ def learn(
     context = state.context_tokens or settings.context_tokens
     prompt = state.prompt_tokens if settings.lumpy_prefill else 0.0
     acceptance = _curves(state, settings)
-    if not state.restarts or now - state.since_s > 1.5 * observation.window_s:
-        # A window that saw a switch also saw the restart's downtime and refill: it says
-        # nothing about how fast the new config runs. The config a deployment started with
-        # served the whole window (an engine still starting reports no throughput).
+    if not state.restarts or (
+        _served_a_window_since_switch(state) and now - state.since_s > 1.5 * observation.window_s
+    ):
+        # A window that saw a switch also saw the restart's downtime and refill, and the first
+        # window a new engine serves is a cold one's (on the real vLLM CPU server, 326 tok/s
+        # against 666 on the same load before the switch: bench/results/real_vllm.md at
+        # 77ee002): neither says how fast the new config runs. The config a deployment
+        # started with served the whole window (an engine still starting reports no
+        # throughput).
         prior = _prior_rate(state, current, batch, settings, cost)
         state = state.learn_throughput(current, batch, throughput / prior)
     surrogate = Surrogate(
@@ -95,8 +101,11 @@ def learn(
     )
     demand = offered_demand(throughput, batch, observation.waiting_requests or 0.0)
     return Belief(
-        state=state.remember_batch(batch).remember_demand(
-            demand, observation.window_s, settings.expected_dwell_s
+        state=replace(
+            state.remember_batch(batch).remember_demand(
+                demand, observation.window_s, settings.expected_dwell_s
+            ),
+            last_window_s=now,
         ),
         batch=batch,
         throughput=throughput,
@@ -132,6 +141,11 @@ def learn_trial(
     if before is not None and after is not None:
         note += f"; acceptance length {before:.2f} -> {after:.2f}"
     return learned, note
+
+
+def _served_a_window_since_switch(state: TunerState) -> bool:
+    """Whether the running config served a window the tuner learned from before this one."""
+    return state.last_window_s is not None and state.last_window_s > state.since_s
 
 
 def _with_acceptance(
