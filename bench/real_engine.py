@@ -76,6 +76,16 @@ PREFILL_PROBE = (8, 40, 16)
 few dozen extra tokens, the scale of a verify step's drafts rather than of a long prompt."""
 PROBE_TOKEN_IDS = (100, 1000)
 """Token ids the prefill probe draws from (inside any model's vocabulary)."""
+TWIN = "none (twin)"
+"""A second no-speculation server: how far two servers of one config differ per phase on this
+host (the noise a per-phase comparison must clear); shown, not ranked among the statics."""
+UNRANKED = ("table", TWIN)
+"""Static policies shown beside the others but not counted as best or worst static."""
+
+
+def with_twin(statics: Sequence[tuple[str, SpecConfig]]) -> list[tuple[str, SpecConfig]]:
+    """The static policies and the no-speculation twin that measures the servers' noise."""
+    return [*statics, (TWIN, SpecConfig())]
 
 
 @dataclass(frozen=True, slots=True)
@@ -357,6 +367,9 @@ def tick_row(
         "error": record.error,
         "regime": decision.regime,
         "batch": None if obs.running_requests is None else round(obs.running_requests, 2),
+        "batch_gauge": (
+            None if obs.running_requests_gauge is None else round(obs.running_requests_gauge, 2)
+        ),
         "acceptance_length": (
             None if obs.acceptance_length is None else round(obs.acceptance_length, 3)
         ),
@@ -374,14 +387,16 @@ def tick_row(
 
 
 def summarize(policies: list[dict[str, Any]], phases: Sequence[Phase]) -> list[dict[str, Any]]:
-    """Per phase: every policy's tokens/s, best and worst static, SpecPilot's ratios. Best and
-    worst are over the plain statics: a policy whose name is "table" is shown, not ranked."""
+    """Per phase: every policy's tokens/s, best and worst static, SpecPilot's ratios, and the
+    servers' noise: how far the no-speculation twin's tokens/s is from the first server's
+    (|twin / none - 1|), against which SpecPilot's wall ratio to the best static is judged.
+    Best and worst are over the plain statics (`UNRANKED` ones are shown, not ranked)."""
     rows = []
     for i, phase in enumerate(phases):
         statics = {
             p["policy"]: p["phases"][i]["tokens_per_s_serving"]
             for p in policies
-            if p["kind"] == "static" and p["policy"] != "table" and i < len(p["phases"])
+            if p["kind"] == "static" and p["policy"] not in UNRANKED and i < len(p["phases"])
         }
         row: dict[str, Any] = {
             "phase": phase.name,
@@ -405,8 +420,44 @@ def summarize(policies: list[dict[str, Any]], phases: Sequence[Phase]) -> list[d
                     "ratio_wall": round(got["tokens_per_s_wall"] / statics[best], 3),
                     "ratio_serving": round(got["tokens_per_s_serving"] / statics[best], 3),
                 }
+        twin, none = row["tokens_per_s"].get(TWIN), statics.get("none")
+        if twin is not None and none:
+            row["server_noise"] = round(abs(twin / none - 1.0), 3)
+            if "ratio_wall" in row:
+                row["specpilot_within_noise"] = row["ratio_wall"] >= 1.0 - row["server_noise"]
         rows.append(row)
     return rows
+
+
+def switching_bound(report: dict[str, Any]) -> dict[str, Any] | None:
+    """What a clairvoyant switcher could have reached in this run: each phase's best static
+    from the phase's first slot, starting from no speculation as SpecPilot does, paying
+    SpecPilot's mean measured restart (or, with none measured, the static servers' mean start)
+    for each change of config, as zero tokens. Over the same slots as the statics: the overall
+    tokens/s no switching policy could beat here, and how much of the restarts' price the
+    phases' lengths leave room for."""
+    rows, policies = report.get("summary") or [], report.get("policies") or []
+    by_name = {p["policy"]: p for p in policies}
+    if not rows or any("best_static" not in r for r in rows):
+        return None
+    restarts = [d for _, d in report.get("specpilot", {}).get("restart_intervals_s", []) if d]
+    starts = [p["start_s"] for p in policies if p["kind"] == "static"]
+    restart_s = statistics.mean(restarts) if restarts else statistics.mean(starts)
+    tokens = load = 0.0
+    changes, running = 0, "none"
+    for i, row in enumerate(rows):
+        best = by_name[row["best_static"]]["phases"][i]
+        tokens += best["tokens"]
+        load += best["wall_s"]
+        if by_name[row["best_static"]]["config"] != by_name[running]["config"]:
+            changes += 1
+        running = row["best_static"]
+    return {
+        "restart_s": round(restart_s, 1),
+        "changes": changes,
+        "tokens_per_s": round(tokens / (load + changes * restart_s), 2),
+        "tokens_per_s_without_restarts": round(tokens / load, 2),
+    }
 
 
 def overall_tok_s(policies: list[dict[str, Any]]) -> dict[str, float]:
@@ -715,6 +766,7 @@ def run(plan: Plan, ns: argparse.Namespace, log: Callable[[str], None], started:
                 plan.after_phase(report, windows, started)
             report["summary"] = summarize(report["policies"], phases)
             report["overall_tok_s"] = overall_tok_s(report["policies"])
+            report["switching_bound"] = switching_bound(report)
             report["wall_min"] = (time.time() - started) / 60
             write(report, out, plan.markdown)
     finally:
@@ -818,12 +870,13 @@ def describe_launch(engine: TimedEngine, config: SpecConfig) -> dict[str, Any]:
 def summary_table(report: dict[str, Any]) -> list[str]:
     """Per phase: every policy's tokens/s, best and worst static, SpecPilot's ratios."""
     policies = [p["policy"] for p in report["policies"]]
+    noise = any("server_noise" in row for row in report["summary"])  # runs with the twin
     lines = [
         "| phase | "
         + " | ".join(policies)
         + " | best static | worst static | SpecPilot wall / best | SpecPilot serving / best "
-        "| SpecPilot restart s |",
-        "|---" * (len(policies) + 6) + "|",
+        "| SpecPilot restart s |" + (" server noise | SpecPilot within noise |" if noise else ""),
+        "|---" * (len(policies) + (8 if noise else 6)) + "|",
     ]
     for row in report["summary"]:
         cells = [f"{row['tokens_per_s'].get(p, float('nan')):.1f}" for p in policies]
@@ -837,7 +890,19 @@ def summary_table(report: dict[str, Any]) -> list[str]:
             + f" | {row.get('best_static', '-')} | {row.get('worst_static', '-')} "
             f"| {row.get('ratio_wall', '-')} | {row.get('ratio_serving', '-')} "
             f"| {row.get('specpilot_downtime_s', '-')} |"
+            + (
+                f" {row.get('server_noise', '-')} | {row.get('specpilot_within_noise', '-')} |"
+                if noise
+                else ""
+            )
         )
+    if noise:
+        lines += [
+            "",
+            f"Server noise: |{TWIN} / none - 1|, two servers of one config loaded alike in the "
+            "same phase (the twin is shown, not ranked); SpecPilot is within noise when its "
+            "wall ratio to the best static is at least 1 minus that.",
+        ]
     return lines
 
 
@@ -867,6 +932,7 @@ def tail_lines(report: dict[str, Any]) -> list[str]:
             )
     pilot = report.get("specpilot")
     if pilot is not None:
+        gauge = any("batch_gauge" in t for t in pilot["ticks"])  # recorded since 2026-12-04
         lines += [
             "",
             f"SpecPilot: {pilot['restarts']} restarts (offset s, duration s): "
@@ -874,14 +940,17 @@ def tail_lines(report: dict[str, Any]) -> list[str]:
             "",
             "## SpecPilot's ticks",
             "",
-            "| t s | phase | running | action -> config | applied | batch | acc. len | tok/s "
-            "| predicted tok/s | reason |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "| t s | phase | running | action -> config | applied | batch | "
+            + ("gauge | " if gauge else "")
+            + "acc. len | tok/s | predicted tok/s | reason |",
+            "|---" * (10 + gauge) + "|",
         ]
         for t in pilot["ticks"]:
             lines.append(
                 f"| {t['t']} | {t['phase']} | {t['running_config']} | {t['action']} -> "
-                f"{t['config']} | {t['applied']} | {t['batch']} | {t['acceptance_length']} | "
+                f"{t['config']} | {t['applied']} | {t['batch']} | "
+                + (f"{t.get('batch_gauge')} | " if gauge else "")
+                + f"{t['acceptance_length']} | "
                 f"{t['tokens_per_s']} | {t['predicted_tokens_per_s']} | {t['reason']} |"
             )
     if report.get("notes"):
@@ -901,11 +970,23 @@ def overall_line(report: dict[str, Any]) -> list[str]:
     overall = report.get("overall_tok_s")
     if not overall:
         return []
-    return [
+    lines = [
         "",
         "Overall tokens/s over all phases (tokens over slot wall time, SpecPilot's restarts "
         "included): " + ", ".join(f"{k} {v}" for k, v in overall.items()) + ".",
     ]
+    bound = report.get("switching_bound")
+    if bound:
+        lines += [
+            "",
+            "A clairvoyant switcher (each phase's best static from its first slot, starting "
+            f"from no speculation) would have made {bound['changes']} restarts of "
+            f"{bound['restart_s']} s (SpecPilot's mean measured restart) and reached "
+            f"{bound['tokens_per_s']} tok/s overall ({bound['tokens_per_s_without_restarts']} "
+            "had its restarts been free): no policy that restarts its server to switch could "
+            "do better in this run.",
+        ]
+    return lines
 
 
 def main() -> int:

@@ -7,8 +7,9 @@ interleaved slots: for each phase, `--rounds` rounds of one slot per policy in r
 A phase is a concurrency (closed-loop async users streaming /v1/completions) and a temperature:
 the profile moves concurrency 1 -> 8 -> 1, greedy -> 0.7 -> greedy. Tokens are counted
 client-side from SGLang's continuous usage stats as they stream. Policies: no speculation,
-NGRAM at each K given (`--speculative-num-draft-tokens K+1`), and SpecPilot (ControlLoop +
-LocalEngine: real decisions, real restarts between NGRAM on/off and its draft-token counts).
+NGRAM at each K given (`--speculative-num-draft-tokens K+1`), a second no-speculation server
+(its twin: the servers' noise per phase) and SpecPilot (ControlLoop + LocalEngine: real
+decisions, real restarts between NGRAM on/off and its draft-token counts).
 
 The servers start as the live contract tests start them (tests/contract/sglang_live.py): the
 command line SpecPilot's SGLang adapter renders, plus what a CPU needs, added here and never by
@@ -77,6 +78,7 @@ from real_engine import (  # noqa: E402
     provenance_lines,
     summary_table,
     tail_lines,
+    with_twin,
 )
 
 SGLANG_PYTHON = ROOT / ".venvs" / "sglang" / "bin" / "python"
@@ -293,7 +295,7 @@ def plan_for(ns: argparse.Namespace, argv: Sequence[str]) -> Plan:
     return Plan(
         engine_label="SGLang CPU",
         make_engine=make_engine,
-        statics=statics,
+        statics=with_twin(statics),
         candidates=(
             SpecConfig(),
             *(SpecConfig(method="ngram", num_speculative_tokens=k) for k in ks),

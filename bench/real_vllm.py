@@ -7,8 +7,9 @@ rounds of one slot per policy in rotating order. A phase is a concurrency (close
 users streaming /v1/completions) and a traffic kind: repetitive prompts at temperature 0 (high
 n-gram acceptance) or at 0.7 (low); the profile moves concurrency 1 -> 32 -> 1 and back to
 greedy. Tokens are counted client-side from vLLM's continuous usage stats as they stream.
-Policies: no speculation, ngram at each K given, a hand-set per-batch K table, and SpecPilot
-(ControlLoop + LocalEngine: real decisions, real restarts).
+Policies: no speculation, ngram at each K given, a hand-set per-batch K table, a second
+no-speculation server (its twin: the servers' noise per phase) and SpecPilot (ControlLoop +
+LocalEngine: real decisions, real restarts).
 
 SpecPilot's slot is one tick of its loop: load starts, the loop observes a window, decides and,
 on a switch, restarts its server inside the slot. Restarts count against it: per phase,
@@ -64,6 +65,7 @@ from real_engine import (  # noqa: E402
     provenance_lines,
     summary_table,
     tail_lines,
+    with_twin,
 )
 
 VLLM_PYTHON = ROOT / ".venvs" / "vllm" / "bin" / "python"
@@ -204,7 +206,7 @@ def plan_for(ns: argparse.Namespace, argv: Sequence[str]) -> Plan:
     return Plan(
         engine_label="vLLM CPU",
         make_engine=make_engine,
-        statics=statics,
+        statics=with_twin(statics),
         candidates=(
             SpecConfig(),
             *(SpecConfig(method="ngram", num_speculative_tokens=k) for k in ks),

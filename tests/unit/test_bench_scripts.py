@@ -67,12 +67,13 @@ def test_real_sglang_dry_run_renders_cpu_servers_from_the_adapter(
         "real_sglang.py", ["--phases", "3", "--log-dir", str(tmp_path), "--port", "19000"], capsys
     )
     servers = {s["policy"]: s for s in plan["servers"]}
-    assert list(servers) == ["none", "ngram K=3", "ngram K=5", "specpilot"]
+    assert list(servers) == ["none", "ngram K=3", "ngram K=5", "none (twin)", "specpilot"]
     sglang = get_adapter("sglang")
     for name, config in [
         ("none", SpecConfig()),
         ("ngram K=3", SpecConfig(method="ngram", num_speculative_tokens=3)),
         ("ngram K=5", SpecConfig(method="ngram", num_speculative_tokens=5)),
+        ("none (twin)", SpecConfig()),  # the servers' noise
         ("specpilot", SpecConfig()),  # the tuner starts with speculation off
     ]:
         command, env = servers[name]["command"], servers[name]["env"]
@@ -110,6 +111,7 @@ def test_real_vllm_dry_run_keeps_its_policies_and_profile(
         "ngram K=3",
         "ngram K=5",
         "table",
+        "none (twin)",
         "specpilot",
     ]
     assert [p["concurrency"] for p in plan["phases"]] == [1, 32, 32, 1, 1]
@@ -170,6 +172,44 @@ def test_overall_tok_s_counts_specpilot_restarts_as_time_without_tokens() -> Non
     rows = harness.summarize(policies, phases)
     assert rows[1]["ratio_wall"] == 0.333 and rows[1]["ratio_serving"] == 0.667
     assert rows[1]["specpilot_downtime_s"] == 10.0
+
+
+def test_the_twin_measures_noise_and_the_bound_prices_each_change_of_config() -> None:
+    harness = _load("real_vllm.py") and sys.modules["real_engine"]
+    phases = [harness.Phase("c1", 1, 0.0), harness.Phase("c32", 32, 0.0)]
+
+    def policy(name: str, config: str, tokens: tuple[int, int], kind: str = "static") -> dict:
+        tallies = [harness.Tally(), harness.Tally()]
+        for tally, made in zip(tallies, tokens, strict=True):
+            tally.add({"tokens": made, "requests": 1, "errors": 0}, 10.0, 0.0)
+        rows = [t.to_dict(p) for t, p in zip(tallies, phases, strict=True)]
+        return {"policy": name, "kind": kind, "config": config, "start_s": 40.0, "phases": rows}
+
+    policies = [
+        policy("none", "no speculation", (1000, 3000)),
+        policy("ngram K=3", "ngram K=3", (2000, 2000)),
+        policy(harness.TWIN, "no speculation", (1100, 2400)),  # never ranked: 2400 < 3000
+        policy("specpilot", "tuned", (1900, 2800), kind="specpilot"),
+    ]
+    rows = harness.summarize(policies, phases)
+    assert [r["best_static"] for r in rows] == ["ngram K=3", "none"]
+    assert [r["server_noise"] for r in rows] == [0.1, 0.2]
+    # 1900 / 2000 = 0.95 clears a noise of 0.1; 2800 / 3000 = 0.933 clears 0.2
+    assert [r["specpilot_within_noise"] for r in rows] == [True, True]
+    report = {
+        "summary": rows,
+        "policies": policies,
+        "specpilot": {"restart_intervals_s": [[5.0, 10.0], [30.0, 30.0]]},
+    }
+    # none -> ngram K=3 -> none: two changes at the mean measured restart of 20 s
+    assert harness.switching_bound(report) == {
+        "restart_s": 20.0,
+        "changes": 2,
+        "tokens_per_s": round(5000 / 60, 2),
+        "tokens_per_s_without_restarts": 250.0,
+    }
+    report["specpilot"]["restart_intervals_s"] = []  # none measured: the statics' start
+    assert harness.switching_bound(report)["restart_s"] == 40.0
 
 
 def test_slot_counters_are_kept_only_without_a_restart() -> None:
