@@ -12,15 +12,20 @@ speculation, the full tuner and each ablation (operator/app/bench/policies.py, `
 - specpilot:no-schedules: no synthesised per-batch K schedules;
 - specpilot:averaged-prefill: prefill spread over every step, not priced in lumps of the
   measured mean prompt (`TunerSettings.lumpy_prefill`);
-- specpilot:no-exploration: no trials. The control loop lets the tuner explore only where a
-  trial runs on a canary (operator/loop.py), so this differs from the full tuner only in the
-  4-replica runs (`poisson-vllm-4x-one-at-a-time`, the sweep at four rates, and
-  `azure-vllm-4x-surge`, where it alone is run beside the full tuner and no speculation);
-  with trials on all of the traffic it paid for itself in none of 90 one-replica world runs
-  (`git show d04e071:bench/results/ablations.md`).
+- specpilot:exploration: trials, which the default leaves off (the operator's
+  `tuning.explore`) since the ablation of them (`specpilot:no-exploration`, at 1f4dd35) found
+  they paid for themselves in none of 50 four-replica world runs and cost in 12
+  (`git show 480abcd:bench/results/ablations.md`). The control loop lets the tuner explore
+  only where a trial runs on a canary (operator/loop.py), so this is run only with 4 replicas
+  (`poisson-vllm-4x-one-at-a-time`, the sweep at four rates, and `azure-vllm-4x-surge`, where
+  it alone is run beside the tuner and no speculation); with trials on all of the traffic it
+  paid for itself in none of 90 one-replica world runs (`git show
+  d04e071:bench/results/ablations.md`).
 Writes bench/results/ablations-NAME.json (the bench's report: commit, command, seeds) and
 ablations.md: per run, each policy's median-world figures and, per world, the mean E2E latency
-of each ablation over the full tuner's (above 1: the component paid for itself in that world).
+of the tuner without each component over with it (above 1: the component paid for itself in
+that world); for a removed component that is the ablation over the tuner, for an added one
+the tuner over the ablation.
 """
 
 from __future__ import annotations
@@ -30,14 +35,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from specpilot.operator.app.bench.policies import ABLATIONS, NO_SPEC, SPECPILOT
+from specpilot.operator.app.bench.policies import ABLATIONS, ADDED, NO_SPEC, SPECPILOT
 from specpilot.operator.app.bench.report import markdown
 from specpilot.operator.app.cli import main as specpilot
 
 RESULTS = Path(__file__).resolve().parent / "results"
 AZURE = "bench/traces/azure_conv_2023.csv"
 VLLM = ["--gpu", "H100", "--model-profile", "llama-3.1-8b", "--engine", "vllm"]
-POLICIES = ",".join([NO_SPEC, SPECPILOT, *ABLATIONS])
+POLICIES = ",".join([NO_SPEC, SPECPILOT, *(a for a in ABLATIONS if a not in ADDED)])
+"""One replica: every ablation but the added trials, which need a canary to run at all."""
 RUNS: dict[str, list[str]] = {
     "azure-vllm-surge": ["--trace", AZURE, "--peak-load", "1.2", *VLLM, "--rollout", "surge"],
     "poisson-vllm": ["--trace", AZURE, "--poisson", "0.1:1.3:7", *VLLM, "--rollout", "surge"],
@@ -57,7 +63,7 @@ RUNS: dict[str, list[str]] = {
         "--trace", AZURE, "--peak-load", "1.2", *VLLM, "--replicas", "4", "--rollout", "surge",
     ],
 }  # fmt: skip
-EXPLORATION_ONLY = ",".join([NO_SPEC, SPECPILOT, "specpilot:no-exploration"])
+EXPLORATION_ONLY = ",".join([NO_SPEC, SPECPILOT, "specpilot:exploration"])
 RUN_POLICIES = {
     "poisson-vllm-4x-one-at-a-time": EXPLORATION_ONLY,
     "azure-vllm-4x-surge": EXPLORATION_ONLY,
@@ -66,8 +72,9 @@ RUN_POLICIES = {
 
 
 def per_world_ratios(report: dict[str, Any]) -> dict[str, list[float]]:
-    """Per ablation the report ran, its mean E2E latency over the full tuner's in each
-    (traffic, world)."""
+    """Per ablation the report ran, the mean E2E latency without its component over with it
+    in each (traffic, world): the ablation's over the tuner's for a removed component, the
+    tuner's over the ablation's for an added one (`ADDED`)."""
     ran = {p["policy"] for p in report["summary"]}
     ratios: dict[str, list[float]] = {name: [] for name in ABLATIONS if name in ran}
     for traffic in report["traffics"]:
@@ -75,7 +82,8 @@ def per_world_ratios(report: dict[str, Any]) -> dict[str, list[float]]:
             full = world["policies"][SPECPILOT]["e2el_ms_mean"]
             for name in ratios:
                 ablated = world["policies"][name]["e2el_ms_mean"]
-                ratios[name].append(round(ablated / full, 4) if full > 0 else float("nan"))
+                without, with_ = (full, ablated) if name in ADDED else (ablated, full)
+                ratios[name].append(round(without / with_, 4) if with_ > 0 else float("nan"))
     return ratios
 
 
@@ -87,7 +95,7 @@ def section(name: str, report: dict[str, Any]) -> list[str]:
         f"Commit: {report['commit']}; seeds {report['seeds']}; wall {report['wall_s']} s.\n",
         "Medians over worlds (and, for the Poisson sweep, over its rates):\n",
         markdown(report["summary"]),
-        "\nMean E2E latency of each ablation over the full tuner's, per world"
+        "\nMean E2E latency without each component over with it, per world"
         + (" and rate" if len(report["traffics"]) > 1 else "")
         + " (above 1: the component paid for itself there):\n",
         "| ablation | worlds where it paid (> 1.005) | worlds where it cost (< 0.995) | "

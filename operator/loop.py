@@ -7,7 +7,9 @@ for `failed_backoff_s`. The tuner explores only where a trial costs a share of t
 through `TrialActuator.apply_trial` while the actuator has a canary to run it on
 (`canary_share`, which the tuner's `trial_share` prices the trial at); elsewhere its
 exploration weight is 0 (a trial on all of the traffic paid for itself in none of the bench's
-90 world runs: `git show d04e071:bench/results/ablations.md`). What a trial's canary served
+90 world runs: `git show d04e071:bench/results/ablations.md`; on a canary, in none of 50:
+`git show 480abcd:bench/results/ablations.md`, so the operator asks for trials only with
+`tuning.explore`). What a trial's canary served
 (`trial_observation`) is folded into the state whether or not it was promoted
 (`tuner.learn_trial`), and the decision's reason says what it taught; a canary is promoted
 only if, that learned, the tuner would move to its config (`tuner.judge_trial`); when it would

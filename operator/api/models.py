@@ -285,6 +285,12 @@ class Tuning(ApiModel):
     Service and promote it only if it measures as predicted. With spec.replicas set it takes
     one main replica's place (main scaled to N-1 while it runs, on the spare GPU first when
     maxSurge is above 0); where an autoscaler owns the count it runs beside the main pods."""
+    explore: bool = False
+    """With at least 2 replicas, let the tuner try a candidate it has not measured, or is unsure
+    of, as a trial on a 1-replica canary taking 1/N of the traffic, when the trial's expected
+    improvement outweighs its expected loss. Off by default: in the bench's 4-replica
+    ablations (bench/results/ablations.md) trials paid for themselves in no world and cost in
+    some."""
     max_surge: int = Field(default=1, ge=0, le=1024)
     """Extra pods a switch may start before old ones stop (the Deployment's rolling update). 1
     keeps full capacity during a switch but needs a spare GPU; with no spare GPU, set 0 and

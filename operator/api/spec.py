@@ -106,6 +106,7 @@ class TuningSpec:
     restart_budget_per_hour: int = field_default(api.Tuning, "restart_budget_per_hour")
     rollout_timeout_s: int = field_default(api.Tuning, "rollout_timeout_seconds")
     canary: bool = field_default(api.Tuning, "canary")
+    explore: bool = field_default(api.Tuning, "explore")
     max_surge: int = field_default(api.Tuning, "max_surge")
     max_unavailable: int = field_default(api.Tuning, "max_unavailable")
     metrics_source: MetricsSource = _SOURCE
@@ -215,6 +216,7 @@ def _tuning(tuning: api.Tuning) -> TuningSpec:
         restart_budget_per_hour=tuning.restart_budget_per_hour,
         rollout_timeout_s=tuning.rollout_timeout_seconds,
         canary=tuning.canary,
+        explore=tuning.explore,
         max_surge=tuning.max_surge,
         max_unavailable=tuning.max_unavailable,
         metrics_source=tuning.metrics.source,

@@ -125,6 +125,9 @@ def settings_for(spec: SpecDeploymentSpec) -> TunerSettings:
         max_batch=spec.max_batch or DEFAULT_MAX_BATCH,
         # the catalog GPU's KV capacity at vLLM's default memory utilisation: an estimate
         kv_capacity_tokens=cost_for(spec).kv_capacity_tokens(),
+        # trials on a canary only when asked for (tuning.explore): in the bench's ablations
+        # they paid for themselves in no world
+        exploration=1.0 if spec.tuning.explore else 0.0,
     )
 
 

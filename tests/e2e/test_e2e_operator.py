@@ -298,11 +298,12 @@ def test_the_tuners_trial_runs_on_a_canary_in_a_main_pods_place(
     load_factory: Any,
 ) -> None:
     """Exploration at operator level (issue 11 item 4): n-gram has never run here and its chat
-    prior is wide, so the tuner tries it as a trial, and the operator runs the trial on a
-    one-replica canary (the spec asks for no canary) instead of patching the main pods; the
+    prior is wide, so the tuner, asked to explore (tuning.explore; off by default), tries it as
+    a trial, and the operator runs the trial on a one-replica canary (the spec asks for no
+    canary for its switches) instead of patching the main pods; the
     canary takes one main pod's place once Ready (a spare GPU: maxSurge 1), is then promoted or
     discarded and deleted either way, and the main Deployment gets its second replica back."""
-    body = json.loads(manifest("trial", "vllm", models, str(models / "eagle3")))
+    body = json.loads(manifest("trial", "vllm", models, str(models / "eagle3"), explore=True))
     body["spec"]["replicas"] = 2
     body["spec"]["speculative"]["candidates"] = [{"method": "ngram", "k": [3]}]
     kubectl(apiserver, "apply", "--validate=false", "-f", "-", stdin=json.dumps(body))

@@ -158,6 +158,18 @@ def test_the_tuner_is_told_how_many_replicas_serve_while_a_rollout_runs() -> Non
     assert share(None, {"maxSurge": 0, "maxUnavailable": 1}) == 1.0  # an autoscaler's count
 
 
+def test_trials_are_made_only_when_the_spec_asks_to_explore() -> None:
+    def exploration(tuning: dict[str, object]) -> float:
+        body = {"engine": "vllm", "model": "m", "replicas": 4, "tuning": tuning}
+        return settings_for(decode_spec(body)).exploration
+
+    assert exploration({}) == 0.0  # the ablations: trials paid for themselves in no world
+    assert exploration({"explore": True}) == 1.0
+    with pytest.raises(SpecError) as info:
+        decode_spec({"engine": "vllm", "model": "m", "tuning": {"explore": "sometimes"}})
+    assert "explore" in str(info.value)
+
+
 def test_the_tuner_is_told_the_engines_batch_cap_from_extra_args() -> None:
     def cap(engine: str, extra_args: list[str]) -> int:
         body = {"engine": engine, "model": "m", "extraArgs": extra_args}

@@ -79,6 +79,7 @@ def body() -> dict[str, Any]:
                 "minDwellSeconds": 0,
                 "restartBudgetPerHour": 60,
                 "rolloutTimeoutSeconds": 600,
+                "explore": True,  # trials: a canary to kill into
             },
         },
     }

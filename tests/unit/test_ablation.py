@@ -96,7 +96,7 @@ def test_the_bench_runs_the_named_ablations_and_refuses_unknown_names(
         "specpilot:moving-average",
         "specpilot:no-schedules",
         "specpilot:averaged-prefill",
-        "specpilot:no-exploration",
+        "specpilot:exploration",
     }
     for overrides in ABLATIONS.values():
         replace(TunerSettings(candidates=(EAGLE,)), **overrides)  # type: ignore[arg-type]

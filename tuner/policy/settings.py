@@ -63,7 +63,9 @@ class TunerSettings:
     """Seconds between decisions (the spacing of the batches the forecast extrapolates)."""
     exploration: float = 1.0
     """Weight on a trial's expected improvement (0 disables exploration). The control loop
-    sets it to 0 where a trial would take all of the traffic (no canary: operator/loop.py)."""
+    sets it to 0 where a trial would take all of the traffic (no canary: operator/loop.py);
+    the operator and the bench set it to 0 unless the SpecDeployment's `tuning.explore` asks
+    for trials (in the bench's 4-replica ablations they paid for themselves in no world)."""
     trial_share: float = 1.0
     """The share of the traffic a trial runs on: 1/N for a one-replica canary in one of N main
     replicas' place, 1/(N+1) beside them (the control loop sets it from the actuator). A

@@ -35,12 +35,16 @@ ABLATIONS: dict[str, dict[str, object]] = {
     "specpilot:moving-average": {"acceptance_model": "moving-average"},
     "specpilot:no-schedules": {"synthesize_schedules": False},
     "specpilot:averaged-prefill": {"lumpy_prefill": False},
-    "specpilot:no-exploration": {"exploration": 0.0},
+    "specpilot:exploration": {"exploration": 1.0},
 }
-"""SpecPilot with one component removed, by name: the TunerSettings each one overrides
-(averaged-prefill spreads the prefill over every step instead of pricing it in lumps;
-no-exploration differs from SpecPilot only with two replicas or more, where a trial runs on a
-canary: with one the control loop never explores)."""
+"""SpecPilot with one component removed, or one added that is off by default (`ADDED`), by
+name: the TunerSettings each one overrides (averaged-prefill spreads the prefill over every
+step instead of pricing it in lumps; exploration lets the tuner make trials, which it does
+only with two replicas or more, where a trial runs on a canary: with one the control loop
+never explores)."""
+ADDED = frozenset({"specpilot:exploration"})
+"""Ablations that add a component the default leaves off (trials: the operator's
+`tuning.explore`, false unless set, after they paid for themselves in no 4-replica world)."""
 HINDSIGHT = "hindsight"
 NO_SPEC = "no-spec"
 VLLM_EAGLE3_TABLE = SpecConfig(

@@ -168,6 +168,7 @@ def tuner_settings(
         slo_tpot_p95_s=tuning.slo_tpot_p95_s,
         window_s=setup.window_s,
         kv_capacity_tokens=nominal.kv_capacity_tokens(),
+        exploration=0.0,  # the operator's default: trials only with tuning.explore set
     )
     return replace(settings, **(overrides or {}))  # type: ignore[arg-type]
 
