@@ -201,13 +201,18 @@ def test_the_twin_measures_noise_and_the_bound_prices_each_change_of_config() ->
         "policies": policies,
         "specpilot": {"restart_intervals_s": [[5.0, 10.0], [30.0, 30.0]]},
     }
-    # none -> ngram K=3 -> none: two changes at the mean measured restart of 20 s
+    # staying on none: 4000 tokens in 20 s; none -> ngram K=3 -> none: 5000 tokens in 20 s
+    # and two changes at the mean measured restart of 20 s
     assert harness.switching_bound(report) == {
         "restart_s": 20.0,
-        "changes": 2,
-        "tokens_per_s": round(5000 / 60, 2),
-        "tokens_per_s_without_restarts": 250.0,
+        "sequence": ["none", "none"],
+        "changes": 0,
+        "tokens_per_s": 200.0,
     }
+    report["specpilot"]["restart_intervals_s"] = [[5.0, 1.0]]  # a restart of 1 s pays
+    bound = harness.switching_bound(report)
+    assert bound["sequence"] == ["ngram K=3", "none"] and bound["changes"] == 2
+    assert bound["tokens_per_s"] == round(5000 / 22, 2)
     report["specpilot"]["restart_intervals_s"] = []  # none measured: the statics' start
     assert harness.switching_bound(report)["restart_s"] == 40.0
 
