@@ -178,6 +178,7 @@ def test_crd_defaults_equal_dataclass_defaults() -> None:
         (("spec", "tuning", "restartBudgetPerHour"), tuning.restart_budget_per_hour),
         (("spec", "tuning", "rolloutTimeoutSeconds"), tuning.rollout_timeout_s),
         (("spec", "tuning", "canary"), tuning.canary),
+        (("spec", "tuning", "explore"), tuning.explore),
         (("spec", "tuning", "maxSurge"), tuning.max_surge),
         (("spec", "tuning", "maxUnavailable"), tuning.max_unavailable),
         (("spec", "tuning", "metrics", "source"), tuning.metrics_source),
