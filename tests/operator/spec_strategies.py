@@ -134,6 +134,7 @@ def _tuning(draw: st.DrawFn) -> Obj:
         ("restartBudgetPerHour", st.integers(0, 60)),
         ("rolloutTimeoutSeconds", st.integers(30, 7200)),
         ("canary", st.booleans()),
+        ("explore", st.booleans()),
         ("maxSurge", st.integers(1, 2)),
         ("maxUnavailable", st.integers(0, 2)),
         (

@@ -324,6 +324,7 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
      "spec.speculative.candidates"),
     ("maxK as text", cands(ngram(maxK="3")), C0 + ".maxK"),
     ("canary as text", with_({"tuning": {"canary": "yes"}}), "spec.tuning.canary"),
+    ("explore as text", with_({"tuning": {"explore": "sometimes"}}), "spec.tuning.explore"),
     ("a rollout that cannot move", with_({"tuning": {"maxSurge": 0, "maxUnavailable": 0}}),
      "spec.tuning.maxSurge"),
     ("negative surge", with_({"tuning": {"maxSurge": -1}}), "spec.tuning.maxSurge"),
