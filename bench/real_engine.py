@@ -879,13 +879,12 @@ def describe_launch(engine: TimedEngine, config: SpecConfig) -> dict[str, Any]:
 def summary_table(report: dict[str, Any]) -> list[str]:
     """Per phase: every policy's tokens/s, best and worst static, SpecPilot's ratios."""
     policies = [p["policy"] for p in report["policies"]]
-    noise = any("server_noise" in row for row in report["summary"])  # runs with the twin
     lines = [
         "| phase | "
         + " | ".join(policies)
         + " | best static | worst static | SpecPilot wall / best | SpecPilot serving / best "
-        "| SpecPilot restart s |" + (" server noise | SpecPilot within noise |" if noise else ""),
-        "|---" * (len(policies) + (8 if noise else 6)) + "|",
+        "| SpecPilot restart s | server noise | SpecPilot within noise |",
+        "|---" * (len(policies) + 8) + "|",
     ]
     for row in report["summary"]:
         cells = [f"{row['tokens_per_s'].get(p, float('nan')):.1f}" for p in policies]
@@ -898,20 +897,15 @@ def summary_table(report: dict[str, Any]) -> list[str]:
             + " | ".join(cells)
             + f" | {row.get('best_static', '-')} | {row.get('worst_static', '-')} "
             f"| {row.get('ratio_wall', '-')} | {row.get('ratio_serving', '-')} "
-            f"| {row.get('specpilot_downtime_s', '-')} |"
-            + (
-                f" {row.get('server_noise', '-')} | {row.get('specpilot_within_noise', '-')} |"
-                if noise
-                else ""
-            )
+            f"| {row.get('specpilot_downtime_s', '-')} | {row.get('server_noise', '-')} "
+            f"| {row.get('specpilot_within_noise', '-')} |"
         )
-    if noise:
-        lines += [
-            "",
-            f"Server noise: |{TWIN} / none - 1|, two servers of one config loaded alike in the "
-            "same phase (the twin is shown, not ranked); SpecPilot is within noise when its "
-            "wall ratio to the best static is at least 1 minus that.",
-        ]
+    lines += [
+        "",
+        f"Server noise: |{TWIN} / none - 1|, two servers of one config loaded alike in the "
+        "same phase (the twin is shown, not ranked); SpecPilot is within noise when its "
+        "wall ratio to the best static is at least 1 minus that.",
+    ]
     return lines
 
 
@@ -941,7 +935,6 @@ def tail_lines(report: dict[str, Any]) -> list[str]:
             )
     pilot = report.get("specpilot")
     if pilot is not None:
-        gauge = any("batch_gauge" in t for t in pilot["ticks"])  # recorded since 2026-12-04
         lines += [
             "",
             f"SpecPilot: {pilot['restarts']} restarts (offset s, duration s): "
@@ -949,16 +942,15 @@ def tail_lines(report: dict[str, Any]) -> list[str]:
             "",
             "## SpecPilot's ticks",
             "",
-            "| t s | phase | running | action -> config | applied | batch | "
-            + ("gauge | " if gauge else "")
-            + "acc. len | tok/s | predicted tok/s | reason |",
-            "|---" * (10 + gauge) + "|",
+            "| t s | phase | running | action -> config | applied | batch | gauge | acc. len "
+            "| tok/s | predicted tok/s | reason |",
+            "|---" * 11 + "|",
         ]
         for t in pilot["ticks"]:
             lines.append(
                 f"| {t['t']} | {t['phase']} | {t['running_config']} | {t['action']} -> "
                 f"{t['config']} | {t['applied']} | {t['batch']} | "
-                + (f"{t.get('batch_gauge')} | " if gauge else "")
+                + f"{t['batch_gauge']} | "
                 + f"{t['acceptance_length']} | "
                 f"{t['tokens_per_s']} | {t['predicted_tokens_per_s']} | {t['reason']} |"
             )
@@ -984,8 +976,8 @@ def overall_line(report: dict[str, Any]) -> list[str]:
         "Overall tokens/s over all phases (tokens over slot wall time, SpecPilot's restarts "
         "included): " + ", ".join(f"{k} {v}" for k, v in overall.items()) + ".",
     ]
-    bound = switching_bound(report) if "server_noise" in report["summary"][0] else None
-    if bound:  # derived from the figures above (runs with the twin, since 2026-12-04)
+    bound = switching_bound(report)
+    if bound:  # derived from the figures above
         lines += [
             "",
             "Best phase-by-phase sequence of the ranked static configs, starting from no "
