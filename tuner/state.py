@@ -112,6 +112,11 @@ class TunerState:
     A window is the running config's first when this is not after `since_s`: a freshly
     started engine compiles, allocates and fills its caches on its first load, so that window
     shows a cold engine's speed, not the config's (`policy.learn`)."""
+    forecast_shortfall: bool = False
+    """Whether the last window the tuner decided on would have left the running config for a
+    load only forecast (`Proposal.on_forecast`): such an exit is made on the second window in
+    a row that sees it, since one window's trend is as often a phase change or a noisy read
+    as a load on its way (`policy.decision`)."""
     canary_only: tuple[SpecConfig, ...] = ()
     """Configs a trial's canary measured that the main replicas have not run since: the tuner
     reads their capacity one sd down (`TunerSettings.unproven`). Kept here so that an operator
@@ -345,6 +350,7 @@ class TunerState:
             "capacity_exits": [[m, round(d, 1)] for m, d in self.capacity_exits],
             "canary_only": [c.to_dict() for c in self.canary_only],
             "last_window_s": self.last_window_s,
+            "forecast_shortfall": self.forecast_shortfall,
             "residuals": [
                 [r.config.to_dict(), r.log2_batch, r.mean, r.weight] for r in self.residuals
             ],
@@ -377,6 +383,7 @@ class TunerState:
             capacity_exits=tuple((str(m), float(d)) for m, d in body.get("capacity_exits", [])),
             canary_only=tuple(SpecConfig.from_dict(c) for c in body.get("canary_only", [])),
             last_window_s=_optional_float(body.get("last_window_s")),
+            forecast_shortfall=bool(body.get("forecast_shortfall", False)),
             residuals=tuple(
                 ResidualPoint(SpecConfig.from_dict(c), int(b), float(m), float(w))
                 for c, b, m, w in body["residuals"]

@@ -45,6 +45,7 @@ from specpilot.tuner.policy.latency_proposal import (
     short_in_the_canary_start,
 )
 from specpilot.tuner.policy.learn import Belief
+from specpilot.tuner.policy.plan import trend_holds
 
 COST = StepCost.for_hardware("H100", "llama-3.1-8b")
 PRIORS = {"eagle3": AcceptanceCurve(0.775, 0.973)}
@@ -492,3 +493,51 @@ def test_a_canary_is_judged_with_its_capacity_one_sd_down() -> None:
     assert promoted[0] and not promoted[-1]  # light load: EAGLE-3; at max-num-seqs: not
     assert all(mean for sure, mean in zip(promoted, at_the_mean, strict=True) if sure)
     assert sum(at_the_mean) > sum(promoted), (promoted, at_the_mean)
+
+
+def _decisions(config: SpecConfig, batches: list[float]) -> list[Decision]:
+    """Every decision over windows at these batches from `config`, the dwell over from the
+    first (six steady windows first, so the traffic's prompt share is learned)."""
+    chosen = replace(settings(), min_dwell_s=0.0)
+    state = replace(TunerState.initial(config, 0.0, PRIORS), restarts=(0.0,))
+    decisions = []
+    for i, batch in enumerate([batches[0]] * 6 + batches):
+        decision, state = decide(window(config, batch), state, chosen, COST, 60.0 * (i + 1))
+        decisions.append(decision)
+        if decision.action != "stay":
+            break
+    return decisions[6:]
+
+
+def test_a_step_in_the_load_is_not_left_for_as_a_ramp_but_a_ramp_is() -> None:
+    # a ramp toward max-num-seqs: the second window that forecasts EAGLE-3 short of it, the
+    # batch still rising with the trend, leaves it before the queue builds
+    ramp = _decisions(EAGLE, [4.0, 8.0, 16.0, 32.0])
+    assert [d.action for d in ramp] == ["stay", "stay", "stay", "off"], [d.reason for d in ramp]
+    assert ramp[-1].reason.startswith("capacity short of the load ahead")
+    assert ramp[-2].reason.startswith(f"{EAGLE.describe()} keeps up with the load seen")
+    # a step to a new phase (a closed-loop client going from 4 to 32 streams) moves once and
+    # holds: EAGLE-3 carries 32 (the same load steady picks it), and no window leaves it
+    step = _decisions(EAGLE, [4.0, 4.0, 32.0, 32.0, 32.0, 32.0])
+    assert [d.action for d in step] == ["stay"] * 6, [d.reason for d in step]
+    assert "keeps up with the load seen" in step[2].reason
+    # with a queue the shortfall is seen, not forecast: no second window is waited for
+    assert run("latency", EAGLE, [4.0, 4.0, 32.0], waiting=400.0, restart_s=5.0).action == "off"
+
+
+def test_the_trend_holds_while_the_last_window_moves_with_it() -> None:
+    assert trend_holds([4.0, 8.0, 16.0])
+    assert trend_holds([8.0, 12.0, 16.0])  # linear: the last step is smaller, the same way
+    assert not trend_holds([4.0, 32.0, 32.0])  # a step, then flat
+    assert not trend_holds([0.83, 4.23, 5.0])  # the real vLLM run's step, then noise
+    assert trend_holds([16.0, 8.0, 4.0])  # falling
+    assert not trend_holds([16.0, 16.0])  # too few windows to tell a trend
+    assert not trend_holds([8.0, 8.0, 8.0])
+
+
+def test_a_forecast_shortfall_survives_a_restart_of_the_operator() -> None:
+    state = replace(TunerState.initial(EAGLE, 0.0, PRIORS), forecast_shortfall=True)
+    assert TunerState.from_json(state.to_json()).forecast_shortfall
+    old = json.loads(state.to_json())
+    del old["forecast_shortfall"]  # a state written before the field existed
+    assert not TunerState.from_json(json.dumps(old)).forecast_shortfall

@@ -4,7 +4,9 @@ Contract: `decide(observation, state, settings, cost, now)` returns a `Decision`
 `TunerState`; pure, `now` is the only clock. It holds (regime "unknown") when `learn` says the
 window lacks what it needs, stays when `propose` finds nothing better or `gate` says not now,
 and otherwise switches (or turns speculation off), restarting the dwell and spending a restart;
-leaving a speculative method for capacity, it records what that method served.
+leaving a speculative method for capacity, it records what that method served. A move for
+capacity only the forecast load needs (`Proposal.on_forecast`) waits for a second window in a
+row that proposes one with the batch still moving with its trend (`plan.trend_holds`).
 `judge_trial(main, canary, config, state, settings, cost, now)` says whether a trial's canary
 earns its promotion once what it served is learned, or which config of its method the tuner
 would move to instead (`TrialVerdict`).
@@ -20,6 +22,7 @@ from specpilot.tuner._model.surrogate import Prediction
 from specpilot.tuner.observation import Observation
 from specpilot.tuner.policy.gate import gate, recent_restarts
 from specpilot.tuner.policy.learn import learn, learn_trial
+from specpilot.tuner.policy.plan import trend_holds
 from specpilot.tuner.policy.propose import acceptance_note, propose
 from specpilot.tuner.policy.settings import TunerSettings
 from specpilot.tuner.spec_config import SpecConfig
@@ -58,6 +61,22 @@ def decide(
         return _stay(state.current, belief, regime="unknown"), state
     state, current, batch = belief.state, belief.state.current, belief.batch
     running, proposal = propose(belief, settings, cost, observation.waiting_requests or 0.0)
+    on_forecast = proposal is not None and proposal.on_forecast
+    confirmed = state.forecast_shortfall and trend_holds(state.recent_batches)
+    state = replace(state, forecast_shortfall=on_forecast)
+    if proposal is not None and on_forecast and not confirmed:
+        # A real vLLM run left n-gram K=5 at concurrency 32 on one window whose batch trend
+        # (0.8 -> 4.2, a phase change) forecast 1335 tok/s against K=5's modeled 1068; the
+        # closed-loop load never grew, and the static K=5 server made 1509 tok/s over the phase
+        # (bench/results/real_vllm.md at 0d7095d). A load on its way shows in the next window,
+        # still moving with the trend; a step to a new phase holds.
+        return _stay(
+            current,
+            f"{current.describe()} keeps up with the load seen; it is left for the load ahead "
+            f"only if the next window's batch still moves with the trend ({proposal.detail})",
+            running.regime,
+            running,
+        ), state
     if proposal is None:
         best = f"{current.describe()} is predicted best at batch {batch:.1f} ({running.regime})"
         return _stay(current, best, running.regime, running), state
@@ -86,7 +105,7 @@ def decide(
         predicted_tokens_per_s=predicted.tokens_per_s,
         speed_checked=not proposal.for_capacity,
         trial=proposal.trial,
-    ), replace(state, current=target, since_s=now, restarts=restarts)
+    ), replace(state, current=target, since_s=now, restarts=restarts, forecast_shortfall=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,8 @@ scores every config of the space with `latency.latency_score`, a method the tune
 capacity held to what it served then (`TunerState.capacity_exits`). On a canary, no trial is
 made under a queue (the running config overloaded, or requests waiting) or while the
 replicas a canary's start leaves could not carry the load ahead (`short_in_the_canary_start`).
-It returns the running config's prediction and a `Proposal`
+A move for capacity the running config lacks only at the forecast load, not at any load seen,
+is marked `on_forecast`. It returns the running config's prediction and a `Proposal`
 in the objective's units (tokens/s served, scaled by the per-token latency gain; see
 `latency.rate`), or None. The proposal's
 `speed_gain` is the per-sequence speed gain at the window's batch, without the overload price:
@@ -92,11 +93,12 @@ def propose_for_latency(
     # Bursty traffic comes back to its peaks within a dwell (Azure at peak 1.2, 4 replicas one
     # at a time, world 6: a canary of EAGLE-3 two windows after a queue of 260, promoted, met
     # the next peak mid-rollout; 1.48x no speculation's mean E2E)
-    peak = max(peak, state.demand_peak)
+    seen = max(demand, state.demand_peak)
     if behind(belief.batch, curves[current], demand):
         # the demand is at least what the running config serves flat out: only more capacity
         # helps, and a move to less would build the queue it is draining
-        peak = max(peak, BEYOND_SATURATION * demand)
+        seen = max(seen, BEYOND_SATURATION * demand)
+    peak = max(peak, seen)
     unit = overload_unit(list(curves.values()))
     # A move for capacity alone must be sure of it where the capacity is the physics prior's
     # guess for a speculative path; a config that ran here has a measured correction instead,
@@ -174,6 +176,8 @@ def propose_for_latency(
             why=why,
             speed_gain=now.tpot_s / at_batch[best_config].tpot_s - 1.0,
             for_capacity=running_score.overloaded,
+            on_forecast=running_score.overloaded
+            and not latency_score(current, curves[current], demand, seen, 0.0, unit).overloaded,
             detail=detail,
             headroom=headroom(scores[best_config], peak),
         )

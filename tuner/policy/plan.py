@@ -1,8 +1,9 @@
 """Plan ahead: where the load is heading, and each config's merit over the dwell if it moves.
 
 Contract: `forecast_batch(recent, settings)` extrapolates the last windows' batch (None while
-the load is steady); `plan_ahead(...)` rescales each scored prediction by its merit over the
-dwell ahead, so a config that will need a restart at the forecast load pays for it now. Pure.
+the load is steady); `trend_holds(recent)` says whether the last window still moved with that
+trend; `plan_ahead(...)` rescales each scored prediction by its merit over the dwell, so a
+config that will need a restart at the forecast load pays for it now. Pure.
 """
 
 from __future__ import annotations
@@ -34,6 +35,17 @@ def forecast_batch(recent: Sequence[float], settings: TunerSettings) -> float | 
     if abs(math.log(forecast / recent[-1])) < math.log(1.25):
         return None
     return forecast
+
+
+def trend_holds(recent: Sequence[float]) -> bool:
+    """Whether the last window moved the batch with the trend: at least half the trend's mean
+    step (in log), the same way. A ramp does; a step change (a new phase of the traffic) moves
+    once and then holds, which the trend over the last windows alone cannot tell from a ramp."""
+    if len(recent) < 3 or min(recent) <= 0:
+        return False
+    trend = math.log(recent[-1] / recent[0]) / (len(recent) - 1)
+    last = math.log(recent[-1] / recent[-2])
+    return trend != 0 and last / trend >= 0.5
 
 
 def plan_ahead(

@@ -39,6 +39,9 @@ class Proposal:
     """Made because the running config cannot keep up with the load ahead (a trial too, when
     it leaves such a config): per-sequence speed is not what it promises (under a queue the
     batch grows whatever the config)."""
+    on_forecast: bool = False
+    """Made for capacity that only the forecast load needs: the running config keeps up with
+    every load seen (today's demand with its queue, the recent peak)."""
     detail: str | None = None
     """What the objective compared, for the decision's reason (None: tokens/s at the batch)."""
     trial: bool = False
