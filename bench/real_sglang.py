@@ -136,8 +136,15 @@ def cpu_flags(config: SpecConfig) -> tuple[str, ...]:
         "--disable-cuda-graph",
         "--dtype",
         "bfloat16",
+        # SGLang sizes its KV pool as the free memory after loading less (1 - this) of the free
+        # memory before: the n-gram drafter's trie (10M nodes, 1.8 GB here) is allocated in
+        # between, so with five servers up (10 GB free) 0.15 left no pool and every switch
+        # into n-gram died at db29c6a (SGLang's ValueError "Loaded weights leave no GPU memory
+        # for the KV cache", then its own SIGKILL of the server: exit -9; reproduced alone at
+        # 0.05 with 21 GB free). --max-total-tokens caps the pool, so on a CPU the fraction
+        # sizes nothing else.
         "--mem-fraction-static",
-        "0.15",
+        "0.5",
         "--max-total-tokens",
         "65536",
         "--sleep-on-idle",

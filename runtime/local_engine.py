@@ -5,7 +5,8 @@ adapter (writing its sidecar files), stops the running process, starts the new o
 until /health answers; `observe(window_s)` reads one window of /metrics
 (`specpilot.runtime.window`) and returns the Observation, or raises `ScrapeError` when the
 engine gave fewer than two snapshots. A process that exits or never gets healthy raises
-`EngineStartError` with the tail of its log, and the previous config is not restored
+`EngineStartError` with its log's path and tail (each start attempt keeps its own log), and
+the previous config is not restored
 silently: the loop decides.
 """
 
@@ -44,6 +45,9 @@ class LocalEngine:
     log_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="specpilot-")))
     config: SpecConfig | None = None
     restarts: int = 0
+    starts: int = 0
+    """Start attempts, failed ones included: each writes its own log, so a failed start's log
+    outlives the rollback that follows it."""
     _process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -57,7 +61,8 @@ class LocalEngine:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             Path(path).write_text(content, encoding="utf-8")
         self.stop()
-        log = self.log_dir / f"engine-{self.restarts}.log"
+        log = self.log_dir / f"engine-{self.starts}.log"
+        self.starts += 1
         with log.open("wb") as handle:
             try:
                 self._process = subprocess.Popen(
@@ -79,7 +84,7 @@ class LocalEngine:
             assert self._process is not None
             if self._process.poll() is not None:
                 raise EngineStartError(
-                    f"engine exited with {self._process.returncode}: "
+                    f"engine exited with {self._process.returncode} (log: {log}): "
                     f"{log.read_text(errors='replace')[-2000:]}"
                 )
             try:
@@ -90,7 +95,7 @@ class LocalEngine:
             time.sleep(0.2)
         self.stop()
         raise EngineStartError(
-            f"engine not healthy after {self.start_timeout_s}s: "
+            f"engine not healthy after {self.start_timeout_s}s (log: {log}): "
             f"{log.read_text(errors='replace')[-2000:]}"
         )
 
