@@ -1,0 +1,36 @@
+"""LocalEngine's failed starts: each attempt keeps its own log, and the error names it."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from specpilot.runtime.engines import LaunchSettings
+from specpilot.runtime.local_engine import EngineStartError, LocalEngine
+from specpilot.tuner import SpecConfig
+
+CRASH = "import sys; print('attempt failed: no KV pool', flush=True); sys.exit(3)"
+
+
+def test_a_failed_start_keeps_its_log_when_the_next_start_runs(tmp_path: Path) -> None:
+    # A rollback after a failed switch is the next start: writing its log over the failed
+    # one's lost the real SGLang bench the reason its n-gram servers died (db29c6a).
+    engine = LocalEngine(
+        engine="vllm",
+        program=[sys.executable, "-c", CRASH],
+        launch=LaunchSettings(model="m", host="127.0.0.1", port=9, sidecar_dir=str(tmp_path)),
+        log_dir=tmp_path,
+        start_timeout_s=30.0,
+    )
+    config = SpecConfig(method="ngram", num_speculative_tokens=3)
+    for attempt in range(2):
+        with pytest.raises(EngineStartError) as failed:
+            engine.apply(config)
+        log = tmp_path / f"engine-{attempt}.log"
+        assert f"engine exited with 3 (log: {log})" in str(failed.value)
+        assert "no KV pool" in str(failed.value)
+    assert sorted(p.name for p in tmp_path.glob("engine-*.log")) == ["engine-0.log", "engine-1.log"]
+    assert all("no KV pool" in p.read_text() for p in tmp_path.glob("engine-*.log"))
+    assert engine.restarts == 0 and engine.config is None  # nothing became healthy
