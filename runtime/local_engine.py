@@ -6,8 +6,7 @@ until /health answers; `observe(window_s)` reads one window of /metrics
 (`specpilot.runtime.window`) and returns the Observation, or raises `ScrapeError` when the
 engine gave fewer than two snapshots. A process that exits or never gets healthy raises
 `EngineStartError` with its log's path and tail (each start attempt keeps its own log), and
-the previous config is not restored
-silently: the loop decides.
+the previous config is not restored silently: the loop decides.
 """
 
 from __future__ import annotations
