@@ -324,3 +324,17 @@ def test_a_stress_run_killed_at_its_timeout_names_the_test_that_was_running() ->
     assert counts["outcomes_before_timeout"] == {"FAILED": 1, "PASSED": 2}
     finished = stress_run.progress_counts(cut_off.replace("test_w ", "test_w PASSED [  4%]"))
     assert finished["running_at_timeout"] is None
+
+
+def test_scrape_cost_ratios_are_per_round_against_the_quiet_slot() -> None:
+    summarize = _load("scrape_cost.py").summarize
+    rounds = [
+        {"quiet": {"tokens_per_s": 100.0}, "every 1 s": {"tokens_per_s": 80.0}},
+        {"quiet": {"tokens_per_s": 50.0}, "every 1 s": {"tokens_per_s": 55.0}},
+        {"quiet": {"tokens_per_s": 200.0}, "every 1 s": {"tokens_per_s": 170.0}},
+    ]
+    summary = summarize(rounds)
+    assert list(summary) == ["every 1 s"]  # the quiet arm is the reference, not an arm
+    assert summary["every 1 s"]["ratios_to_quiet"] == [0.8, 1.1, 0.85]
+    assert summary["every 1 s"]["median_ratio"] == 0.85
+    assert summary["every 1 s"]["rounds_below_quiet"] == 2
