@@ -153,8 +153,8 @@ def main() -> int:
         type=float,
         nargs="+",
         default=[1.0, 10.0 / 3],
-        help="scrape intervals to compare with no scraping (the loop's old 1 s; a third of "
-        "the real-engine bench's 10 s window, LocalEngine's default now)",
+        help="scrape intervals to compare with no scraping (LocalEngine's 1 s; a third of the "
+        "real-engine bench's 10 s window)",
     )
     parser.add_argument("--port", type=int, default=8390)
     parser.add_argument("--out", type=Path, default=RESULTS / "scrape_cost.json")

@@ -40,11 +40,7 @@ class LocalEngine:
     launch: LaunchSettings
     env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
     start_timeout_s: float = 600.0
-    scrape_interval_s: float | None = None
-    """Seconds between scrapes inside a window; None: a third of the window. The batch comes
-    from counters (`running_estimate`), which need only the window's two end scrapes, and
-    the two between keep the running gauge's cross-check. A scrape is not free for the engine:
-    a CPU server renders /metrics on the cores that serve (bench/scrape_cost.py)."""
+    scrape_interval_s: float = 1.0
     log_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="specpilot-")))
     config: SpecConfig | None = None
     restarts: int = 0
@@ -102,12 +98,8 @@ class LocalEngine:
             f"{log.read_text(errors='replace')[-2000:]}"
         )
 
-    def window_reader(self, window_s: float) -> WindowReader:
-        interval = window_s / 3 if self.scrape_interval_s is None else self.scrape_interval_s
-        return WindowReader(interval_s=interval, timeout_s=10.0, fail_fast=True)
-
     def observe(self, window_s: float) -> Observation:
-        reader = self.window_reader(window_s)
+        reader = WindowReader(interval_s=self.scrape_interval_s, timeout_s=10.0, fail_fast=True)
         window = reader.read(self.engine, {self.url: f"{self.url}/metrics"}, window_s)
         return observe(self.engine, window.complete())
 
