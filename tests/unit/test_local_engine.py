@@ -34,3 +34,14 @@ def test_a_failed_start_keeps_its_log_when_the_next_start_runs(tmp_path: Path) -
     assert sorted(p.name for p in tmp_path.glob("engine-*.log")) == ["engine-0.log", "engine-1.log"]
     assert all("no KV pool" in p.read_text() for p in tmp_path.glob("engine-*.log"))
     assert engine.restarts == 0 and engine.config is None  # nothing became healthy
+
+
+def test_a_window_scrapes_a_third_as_often_as_its_length_unless_told() -> None:
+    # Each scrape renders /metrics on the cores that serve; the batch needs only the window's
+    # two end scrapes, and four rounds keep the gauge's cross-check (bench/scrape_cost.py).
+    launch = LaunchSettings(model="m", host="127.0.0.1", port=9)
+    engine = LocalEngine(engine="vllm", program=[], launch=launch)
+    assert engine.window_reader(12.0).interval_s == pytest.approx(4.0)
+    assert engine.window_reader(3.0).interval_s == pytest.approx(1.0)
+    told = LocalEngine(engine="vllm", program=[], launch=launch, scrape_interval_s=0.25)
+    assert told.window_reader(12.0).interval_s == 0.25
