@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from specpilot.operator.app.bench.policies import ABLATIONS
+from specpilot.operator.app.bench.policies import ABLATIONS, TUNED, VARIANTS
 from specpilot.operator.app.cli import main as specpilot
 from specpilot.tuner import (
     AcceptanceCurve,
@@ -98,7 +98,8 @@ def test_the_bench_runs_the_named_ablations_and_refuses_unknown_names(
         "specpilot:averaged-prefill",
         "specpilot:exploration",
     }
-    for overrides in ABLATIONS.values():
+    assert set(VARIANTS) == {"specpilot:caution-0.5", "specpilot:caution-0"}
+    for overrides in TUNED.values():  # each names settings that exist
         replace(TunerSettings(candidates=(EAGLE,)), **overrides)  # type: ignore[arg-type]
     code = specpilot(
         ["bench", "--trace", "bench/traces/step.csv", "--policies", "no-spec,specpilot:nope"]
@@ -106,3 +107,4 @@ def test_the_bench_runs_the_named_ablations_and_refuses_unknown_names(
     assert code != 0
     err = capsys.readouterr().err
     assert "--policies" in err and "specpilot:no-gp" in err and "Traceback" not in err
+    assert "specpilot:caution-0" in err  # the variants are named among the allowed values

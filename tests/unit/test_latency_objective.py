@@ -470,10 +470,15 @@ def test_a_config_that_never_ran_enters_only_if_its_capacity_one_sd_down_has_the
     margin = 0.2
     # between the capacity one sd down and the mean, over the margin
     peak = top.tokens_per_s * (1 + math.exp(-top.uncertainty)) / 2 / (1 + margin)
-    sure = latency_score(EAGLE, curves[1], peak, peak, margin, unit, cautious=True)
+    sure = latency_score(EAGLE, curves[1], peak, peak, margin, unit, caution_sd=1.0)
     measured = latency_score(EAGLE, curves[1], peak, peak, margin, unit)
     assert sure.overloaded and not measured.overloaded
     assert sure.capacity == measured.capacity == top.tokens_per_s
+    # half an sd down enters where the capacity half an sd down clears the margin, not below
+    half_down = top.tokens_per_s * math.exp(-0.5 * top.uncertainty) / (1 + margin)
+    for load, overloaded in ((half_down * 0.99, False), (half_down * 1.01, True)):
+        half = latency_score(EAGLE, curves[1], load, load, margin, unit, caution_sd=0.5)
+        assert half.overloaded is overloaded
 
 
 def test_a_canary_is_judged_with_its_capacity_one_sd_down() -> None:

@@ -129,15 +129,16 @@ def latency_score(
     peak_demand: float,
     margin: float,
     unit_s: float,
-    cautious: bool = False,
+    caution_sd: float = 0.0,
     ceiling: float | None = None,
 ) -> LatencyScore:
     """`config`'s steady per-token latency at `demand`; overloaded when its capacity is below
     peak_demand x (1 + margin), and then priced at `unit_s` x OVERLOAD_PENALTY x (1 +
-    QUEUE_GROWTH x the shortfall) (see `overload_unit`, `overload_factor`). `cautious` (a
-    speculative config that never ran) reads the capacity one sd down, to enter and to price
-    an overload: at the batch its capacity is read at, the prior can be well above the truth
-    (a costly speculative path, a slow drafter), and a move there must be sure of it.
+    QUEUE_GROWTH x the shortfall) (see `overload_unit`, `overload_factor`). `caution_sd`
+    (`TunerSettings.entry_caution_sd` for a speculative config that never ran, else 0) reads
+    the capacity that many sds down, to enter and to price an overload: at the batch its
+    capacity is read at, the prior can be well above the truth (a costly speculative path, a
+    slow drafter), and a move there must be sure of it.
     `ceiling` caps the capacity at what was seen (what the config served when it was left for
     capacity)."""
     top_batch, top = backlog_point(curve)
@@ -148,7 +149,7 @@ def latency_score(
     # (bench/results/yardstick-*: in world 4 of the Poisson sweep at 0.7, 1.33x no
     # speculation's mean E2E).
     capacity = top.tokens_per_s if ceiling is None else min(top.tokens_per_s, ceiling)
-    sure = capacity * math.exp(-top.uncertainty) if cautious else capacity
+    sure = capacity * math.exp(-caution_sd * top.uncertainty) if caution_sd else capacity
     peak = max(demand, peak_demand)
     if sure < peak * (1.0 + margin):
         # priced without the margin: among configs that all fall short, capacity alone ranks

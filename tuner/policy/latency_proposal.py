@@ -120,7 +120,9 @@ def propose_for_latency(
             peak,
             0.0 if c == current else settings.entry_margin(),
             unit,
-            cautious=c != current and c not in ran and c.speculative,
+            caution_sd=settings.entry_caution_sd
+            if c != current and c not in ran and c.speculative
+            else 0.0,
             ceiling=None if c == current else ceilings.get(c.method),
         )
         for c, curve in curves.items()

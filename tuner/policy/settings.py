@@ -31,6 +31,13 @@ class TunerSettings:
     capacity_margin: float = 0.2
     """Latency objective: the spare capacity a config must keep over the load ahead. Traffic
     is bursty within a window, and a batch near its capacity waits in queue."""
+    entry_caution_sd: float = 1.0
+    """Latency objective: how many sds down a speculative config that never ran here has its
+    capacity read, to be entered and to price its overload (its capacity is the physics
+    prior's guess, which hides what a world hides from a speculative path: its drafter, its
+    verify overhead, its acceptance). 0 reads the mean. On the Poisson sweep at 0.5-0.9 of
+    capacity (bench/results/entry_caution.md), 0 entered EAGLE-3 where it paid 18-22% and
+    where it cost 33%, worlds the tuner saw alike from no speculation's windows."""
     rollout_share: float = 1.0
     """The share of the replicas serving while a rollout replaces them: (replicas -
     maxUnavailable) / replicas, 1 with a surge (maxUnavailable 0). Below 1 the replicas still

@@ -39,6 +39,8 @@ from specpilot.operator.app.bench.policies import (
     ABLATIONS,
     NO_SPEC,
     SPECPILOT,
+    TUNED,
+    VARIANTS,
     StaticPolicy,
     baselines,
     space_for,
@@ -99,7 +101,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument(
         "--policies",
         help="comma-separated policies to run (default: every baseline and specpilot; "
-        f"ablations: {', '.join(ABLATIONS)})",
+        f"ablations: {', '.join(ABLATIONS)}; variants: {', '.join(VARIANTS)})",
     )
     p.add_argument(
         "--initial",
@@ -174,7 +176,7 @@ def _check(ns: argparse.Namespace) -> None:
 
 
 def _policies(chosen: str | None, statics: list[StaticPolicy]) -> list[StaticPolicy | str]:
-    every: list[StaticPolicy | str] = [*statics, SPECPILOT, *ABLATIONS]
+    every: list[StaticPolicy | str] = [*statics, SPECPILOT, *TUNED]
     if chosen is None:
         return [*statics, SPECPILOT]
     names = {p.name if isinstance(p, StaticPolicy) else p: p for p in every}

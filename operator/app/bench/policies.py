@@ -8,7 +8,8 @@ per-batch table; `sglang-adaptive`: SGLang's default adaptive buckets starting a
 the tuner through the control loop, and the hindsight reference (the best static config per
 window, switched for free), which is computed from the statics' runs, not run itself.
 `ABLATIONS` name SpecPilot with one component removed, or one added that is off by default
-(`bench/ablations.py` runs them).
+(`bench/ablations.py` runs them); `VARIANTS` name SpecPilot with one setting at another value
+(`bench/entry_caution.py`); `TUNED` is both, by name.
 
 `tuned_schedule(cost, method)` tunes a per-batch-size K table offline the way vLLM's
 `benchmarks/sweep/tune_speculative_k.py` does: for each batch size of a grid, run every K
@@ -45,6 +46,15 @@ never explores)."""
 ADDED = frozenset({"specpilot:exploration"})
 """Ablations that add a component the default leaves off (trials: the operator's
 `tuning.explore`, false unless set, after they paid for themselves in no 4-replica world)."""
+VARIANTS: dict[str, dict[str, object]] = {
+    "specpilot:caution-0.5": {"entry_caution_sd": 0.5},
+    "specpilot:caution-0": {"entry_caution_sd": 0.0},
+}
+"""SpecPilot with a default set otherwise, by name: what the default's value buys or costs
+(a never-run speculative config's capacity read half an sd down, or at the mean, instead of
+one sd down)."""
+TUNED: dict[str, dict[str, object]] = {**ABLATIONS, **VARIANTS}
+"""Every policy the tuner runs but the full tuner: the TunerSettings each overrides."""
 HINDSIGHT = "hindsight"
 NO_SPEC = "no-spec"
 VLLM_EAGLE3_TABLE = SpecConfig(

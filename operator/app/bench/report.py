@@ -16,7 +16,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from specpilot.operator.app.bench.policies import ABLATIONS, HINDSIGHT, NO_SPEC, SPECPILOT
+from specpilot.operator.app.bench.policies import HINDSIGHT, NO_SPEC, SPECPILOT, TUNED
 from specpilot.operator.app.bench.run import PolicyRun
 from specpilot.runtime.serving_metrics import (
     ItlHistogram,
@@ -26,7 +26,7 @@ from specpilot.runtime.serving_metrics import (
     summarize,
 )
 
-NOT_STATIC = (SPECPILOT, *ABLATIONS, "vllm-eagle3-table", "sglang-adaptive", "tuned-schedule")
+NOT_STATIC = (SPECPILOT, *TUNED, "vllm-eagle3-table", "sglang-adaptive", "tuned-schedule")
 """Policies that are not one static config of the space: hindsight picks among the others."""
 
 

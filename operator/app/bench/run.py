@@ -18,8 +18,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
 from specpilot.operator.app.bench.policies import (
-    ABLATIONS,
     SPECPILOT,
+    TUNED,
     StaticPolicy,
     space_for,
 )
@@ -114,8 +114,8 @@ def run_policy(setup: Setup, world_seed: int, policy: StaticPolicy | str) -> Pol
     configs: list[str] = []
     decisions: list[str] = []
     observations: list[tuple[float, Observation]] = []
-    if name == SPECPILOT or name in ABLATIONS:
-        loop = control_loop(setup, deployment, ABLATIONS.get(name, {}))
+    if name == SPECPILOT or name in TUNED:
+        loop = control_loop(setup, deployment, TUNED.get(name, {}))
         while deployment.now < setup.duration_s:
             window_start = deployment.now
             record = loop.tick(deployment.now)
