@@ -24,8 +24,11 @@ import httpx
 
 from specpilot.runtime.engine_metrics import observe
 from specpilot.runtime.engines import LaunchSettings, get_adapter
-from specpilot.runtime.window import WindowReader
+from specpilot.runtime.window import WindowReader, round_interval
 from specpilot.tuner import Observation, SpecConfig
+
+LOCAL_ROUNDS = 3
+"""Scrape intervals in a local engine's window: its two end snapshots and two between."""
 
 
 class EngineStartError(RuntimeError):
@@ -41,13 +44,11 @@ class LocalEngine:
     env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
     start_timeout_s: float = 600.0
     scrape_interval_s: float | None = None
-    """Seconds between scrapes inside a window; None: a third of the window. The batch comes
-    from counters (`running_estimate`), which need only the window's two end scrapes, and
-    the two between keep the running gauge's cross-check. A scrape is not free for a CPU
-    server, which renders /metrics on the cores that serve: at concurrency 32 on 2 cores,
-    tokens/s with a scraper every 1 s was 0.776 of no scraper's (median of 8 rounds), every
-    3.3 s 0.947 (bench/results/scrape_cost.md at 730f23f; a 4-round run at 1bc7b68 read
-    1.319 and 1.118: the slots' noise is of that size)."""
+    """Seconds between scrapes inside a window; None: LOCAL_ROUNDS rounds a window
+    (`round_interval`). On a CPU server a scrape is a /metrics render on the cores that serve:
+    at concurrency 32 on 2 cores, tokens/s with a scraper every 1 s was 0.776 of no scraper's
+    (median of 8 rounds), every 3.3 s 0.947 (bench/results/scrape_cost.md at 730f23f; a
+    4-round run at 1bc7b68 read 1.319 and 1.118: the slots' noise is of that size)."""
     log_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="specpilot-")))
     config: SpecConfig | None = None
     restarts: int = 0
@@ -106,7 +107,11 @@ class LocalEngine:
         )
 
     def window_reader(self, window_s: float) -> WindowReader:
-        interval = window_s / 3 if self.scrape_interval_s is None else self.scrape_interval_s
+        interval = (
+            round_interval(window_s, LOCAL_ROUNDS)
+            if self.scrape_interval_s is None
+            else self.scrape_interval_s
+        )
         return WindowReader(interval_s=interval, timeout_s=10.0, fail_fast=True)
 
     def observe(self, window_s: float) -> Observation:

@@ -43,6 +43,16 @@ MAX_LATE_ROUNDS = 3
 """Extra scrape rounds after the window while a target has given only one snapshot."""
 
 
+def round_interval(window_s: float, rounds: int, floor_s: float = 0.0) -> float:
+    """Seconds between scrape rounds that put `rounds` intervals in a window, never under
+    `floor_s`. The batch, tokens and acceptance come from counters and histogram sums, which
+    the window's two end snapshots already bound (engine_metrics.running_estimate); the rounds
+    between keep a restart mid-window visible and the sampled gauges their cross-check, and
+    every round costs the scraper CPU and the engine a /metrics render on the cores that
+    serve (bench/results/operator_load.md, bench/results/scrape_cost.md)."""
+    return max(floor_s, window_s / rounds)
+
+
 @functools.cache
 def tls_context() -> ssl.SSLContext:
     """httpx's default verifying context, built once per process and shared by every window."""

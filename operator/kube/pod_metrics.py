@@ -24,7 +24,7 @@ from typing import Any, Protocol
 from specpilot.operator.kube.rollout import pod_config, pod_ready
 from specpilot.runtime.engine_metrics import WindowStats
 from specpilot.runtime.promql import PromQLReader
-from specpilot.runtime.window import WindowReader
+from specpilot.runtime.window import WindowReader, round_interval
 
 Obj = Mapping[str, Any]
 
@@ -74,12 +74,9 @@ class PodWindowSource(Protocol):
 @dataclass(kw_only=True)
 class ScrapeSource(WindowReader):
     """The runtime's one window reader over the pods' /metrics URLs, named by pod. Rounds are
-    `interval_s` apart, or a `rounds_per_window`-th of a longer window: the batch, tokens and
-    acceptance come from counters and histogram sums, which two snapshots already bound
-    (engine_metrics.running_estimate), so more rounds only cost the operator CPU (at 200
-    SpecDeployments with 30 s intervals: 10014 scrapes in a load run against 21581 with a
-    round every 2 s, bench/results/operator_load.md); the rounds between keep a restart
-    mid-window visible and the sampled gauges their cross-check."""
+    `interval_s` apart, or a `rounds_per_window`-th of a longer window (`round_interval`): at
+    200 SpecDeployments with 30 s intervals, 10014 scrapes in a load run against 21581 with a
+    round every 2 s (bench/results/operator_load.md)."""
 
     interval_s: float = 2.0
     rounds_per_window: int = 4
@@ -87,7 +84,7 @@ class ScrapeSource(WindowReader):
     def window(
         self, engine: str, targets: Sequence[PodTarget], window_s: float
     ) -> list[WindowStats]:
-        interval = max(self.interval_s, window_s / self.rounds_per_window)
+        interval = round_interval(window_s, self.rounds_per_window, self.interval_s)
         return self.read(engine, {t.name: t.url for t in targets}, window_s, interval).stats
 
 
