@@ -368,3 +368,45 @@ def test_a_new_engines_first_window_is_not_learned_as_its_speed() -> None:
     assert residual == pytest.approx(-0.693, abs=0.01)  # log(1/2): the second window counts
     again = TunerState.from_json(second.state.to_json())
     assert again.last_window_s == 630.0
+
+
+def test_a_window_that_drafted_nothing_teaches_acceptance_not_speed() -> None:
+    """vLLM's n-gram K=5 at temperature 0.7 proposed no draft for a whole phase and ran at a
+    plain server's speed (bench/results/real_vllm.md at 8e4f5b7). Learned as n-gram's speed,
+    that window blamed its step cost and kept the tuner off n-gram on the greedy traffic that
+    followed. Such a window is evidence about acceptance (length 1) and none about speed; the
+    same window with its drafts counted teaches both, as does a canary's."""
+    from specpilot.tuner.policy.learn import learn_trial
+
+    ngram = SpecConfig(method="ngram", num_speculative_tokens=5)
+    state = TunerState.initial(ngram, 0.0, PRIORS)
+    settings = TunerSettings(candidates=CANDIDATES)
+    plain = physics_observation(SpecConfig(), 8.0)
+    quiet = replace(plain, drafts=0.0)  # 30 s at the plain server's rate: thousands of tokens
+    drafting = replace(plain, drafts=1000.0, acceptance_length=1.0)
+
+    idle = learn(quiet, state, settings, COST, now=30.0)
+    busy = learn(drafting, state, settings, COST, now=30.0)
+    assert not isinstance(idle, str) and not isinstance(busy, str)
+    assert idle.state.residuals == ()
+    assert [r.config for r in busy.state.residuals] == [ngram]
+    prior_length = state.acceptance_curves()["ngram"].expected_length(5)
+    idle_length = idle.acceptance["ngram"].expected_length(5)
+    assert idle_length < prior_length  # the window still counted against n-gram here
+    assert idle_length == pytest.approx(busy.acceptance["ngram"].expected_length(5))
+
+    canary_state, note = learn_trial(
+        quiet, ngram, TunerState.initial(SpecConfig(), 0.0, PRIORS), settings, COST, 30.0
+    )
+    assert canary_state.residuals == ()
+    assert "drafted nothing" in note
+    counted, _ = learn_trial(
+        drafting, ngram, TunerState.initial(SpecConfig(), 0.0, PRIORS), settings, COST, 30.0
+    )
+    assert [r.config for r in counted.residuals] == [ngram]
+
+    # a schedule whose K at this batch is 0 meant not to draft: its window is its speed
+    table = SpecConfig(method="ngram", num_speculative_tokens=3, schedule=((1, 4, 3), (5, 256, 0)))
+    planned = learn(quiet, TunerState.initial(table, 0.0, PRIORS), settings, COST, now=30.0)
+    assert not isinstance(planned, str)
+    assert [r.config for r in planned.state.residuals] == [table]

@@ -11,10 +11,11 @@ learns the residual of measured over prior throughput, once the running config h
 than a window and a half since the tuner's last switch (a window that saw the switch also saw
 the restart's downtime and refill) and one learned window before this one (a new engine's
 first loaded window is a cold engine's: `TunerState.last_window_s`), or from the first window
-when the tuner has not switched yet. `learn_trial(observation, config, state, settings, cost,
-now)` folds a trial's canary window the same way for the config it ran (acceptance and
-throughput residual; not the traffic, which the main replicas' windows measure) and says what
-it learned. Pure: `now` is the only clock.
+when the tuner has not switched yet, and never from a window in which a speculative config
+drafted nothing (its speed is then a plain server's). `learn_trial(observation, config,
+state, settings, cost, now)` folds a trial's canary window the same way for the config it ran
+(acceptance and throughput residual; not the traffic, which the main replicas' windows
+measure) and says what it learned. Pure: `now` is the only clock.
 """
 
 from __future__ import annotations
@@ -79,8 +80,12 @@ def learn(
     context = state.context_tokens or settings.context_tokens
     prompt = state.prompt_tokens if settings.lumpy_prefill else 0.0
     acceptance = _curves(state, settings)
-    if not state.restarts or (
-        _served_a_window_since_switch(state) and now - state.since_s > 1.5 * observation.window_s
+    if not _drafted_nothing(current, observation) and (
+        not state.restarts
+        or (
+            _served_a_window_since_switch(state)
+            and now - state.since_s > 1.5 * observation.window_s
+        )
     ):
         # A window that saw a switch also saw the restart's downtime and refill, and the first
         # window a new engine serves is a cold one's (on the real vLLM CPU server, 326 tok/s
@@ -131,6 +136,12 @@ def learn_trial(
         return state, f"the canary's window of {config.describe()} held no load to learn from"
     before = _length(state, config, batch, settings)
     learned = _with_acceptance(state, config, observation, settings, now)
+    if _drafted_nothing(config, observation):
+        after = _length(learned, config, batch, settings)
+        return learned, (
+            f"the canary ran {config.describe()} at batch {batch:.1f} and drafted nothing: "
+            f"acceptance length {before or 1.0:.2f} -> {after or 1.0:.2f}, its speed unlearned"
+        )
     ratio = throughput / _prior_rate(learned, config, batch, settings, cost)
     learned = learned.learn_throughput(config, batch, ratio)
     after = _length(learned, config, batch, settings)
@@ -141,6 +152,24 @@ def learn_trial(
     if before is not None and after is not None:
         note += f"; acceptance length {before:.2f} -> {after:.2f}"
     return learned, note
+
+
+def _drafted_nothing(config: SpecConfig, observation: Observation) -> bool:
+    """Whether a speculative config ran the window without proposing a draft (n-gram on
+    sampled text: vLLM's CPU build at temperature 0.7 in bench/results/real_vllm.md at
+    8e4f5b7). Such a window ran plain decode steps plus the matcher, so its speed says nothing
+    of what the config costs when it speculates: dividing it by the prior at the posterior's
+    acceptance blamed the config's step cost, and the tuner then predicted n-gram slower than
+    no speculation in the last greedy phase, where static K=5 served 1.43x its tokens/s
+    (204.4 against 142.6). The acceptance side still
+    learns the window (an effective length of 1: `TunerState.learn_acceptance`). A schedule
+    whose K at this batch is 0 meant to draft nothing: its window is its speed."""
+    batch = observation.running_requests or 0.0
+    return (
+        config.speculative
+        and observation.drafts == 0.0
+        and config.k_for_batch(max(1, round(batch))) > 0
+    )
 
 
 def _served_a_window_since_switch(state: TunerState) -> bool:
