@@ -6,7 +6,10 @@ at a time in interleaved slots, so that load from other jobs on the shared CPU l
 policy alike: for each phase, `ns.rounds` rounds of one slot per policy in rotating order. A
 phase is a concurrency (closed-loop async users streaming /v1/completions) and a temperature.
 Tokens are counted client-side from the engine's continuous usage stats as they stream.
-SpecPilot's slot is one tick of its loop (`pilot_slot`); restarts count against it.
+SpecPilot's slot is one tick of its loop (`pilot_slot`); its switches count against it:
+a restart's time as time without tokens, a surge's (`--switch surge`, the default: the new
+server starts beside the serving one, as the operator's default rollout) as time the old config
+serves while the new one starts on the same cores.
 
 What differs per engine comes in the `Plan`: how to make a server, the phases, the calibration
 concurrencies, an optional per-slot meter of the server's own counters, an optional hook after
@@ -78,6 +81,7 @@ few dozen extra tokens, the scale of a verify step's drafts rather than of a lon
 PROBE_TOKEN_IDS = (100, 1000)
 """Token ids the prefill probe draws from (inside any model's vocabulary)."""
 TWIN = "none (twin)"
+SWITCHES = ("surge", "restart")
 """A second no-speculation server: how far two servers of one config differ per phase on this
 host (the noise a per-phase comparison must clear); shown, not ranked among the statics."""
 UNRANKED = ("table", TWIN)
@@ -98,20 +102,24 @@ class Phase:
 
 @dataclass
 class TimedEngine(LocalEngine):
-    """LocalEngine that records each apply's interval: the engine serves nothing meanwhile."""
+    """LocalEngine that records each apply's interval (`switches`) and, where the engine served
+    nothing meanwhile (a restart, not a surge beside the serving engine), its `downtime`."""
 
     downtime: list[tuple[float, float | None]] = field(default_factory=list)
+    switches: list[tuple[float, float | None]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def apply(self, config: SpecConfig) -> None:
+        spans = [self.switches] if self.surging else [self.switches, self.downtime]
         with self.lock:
-            self.downtime.append((time.time(), None))
+            for span in spans:
+                span.append((time.time(), None))
         try:
             super().apply(config)
         finally:
             with self.lock:
-                start, _ = self.downtime[-1]
-                self.downtime[-1] = (start, time.time())
+                for span in spans:
+                    span[-1] = (span[-1][0], time.time())
 
     def down_between(self, t0: float, t1: float) -> float:
         with self.lock:
@@ -124,9 +132,14 @@ Meter = Callable[[TimedEngine], dict[str, float]]
 
 
 async def _user(
-    client: httpx.AsyncClient, url: str, phase: Phase, user: int, counts: dict[str, int]
+    client: httpx.AsyncClient,
+    url_of: Callable[[], str],
+    phase: Phase,
+    user: int,
+    counts: dict[str, int],
 ) -> None:
-    """One closed-loop user: a streamed request, then the next, until cancelled."""
+    """One closed-loop user: a streamed request, then the next, until cancelled. The server's
+    URL is read per request: a surge switch moves SpecPilot's engine to another port."""
     index = user
     while True:
         body = {
@@ -141,6 +154,7 @@ async def _user(
         index += 1
         seen = 0
         try:
+            url = url_of()
             async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
                 response.raise_for_status()
                 async for line in response.aiter_lines():
@@ -158,12 +172,14 @@ async def _user(
             await asyncio.sleep(0.5)
 
 
-async def _drive(url: str, phase: Phase, done: Callable[[float], bool]) -> dict[str, int]:
+async def _drive(
+    url_of: Callable[[], str], phase: Phase, done: Callable[[float], bool]
+) -> dict[str, int]:
     counts = {"tokens": 0, "requests": 0, "errors": 0}
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
     async with httpx.AsyncClient(timeout=httpx.Timeout(120.0), limits=limits) as client:
         users = [
-            asyncio.create_task(_user(client, url, phase, u, counts))
+            asyncio.create_task(_user(client, url_of, phase, u, counts))
             for u in range(phase.concurrency)
         ]
         start = time.time()
@@ -227,7 +243,9 @@ class Tally:
 def slot(engine: TimedEngine, phase: Phase, seconds: float) -> tuple[dict[str, int], float]:
     """Load one static server for `seconds`; (counts, wall seconds)."""
     t0 = time.time()
-    counts = asyncio.run(_drive(engine.url, phase, lambda start: time.time() - start >= seconds))
+    counts = asyncio.run(
+        _drive(lambda: engine.url, phase, lambda start: time.time() - start >= seconds)
+    )
     return counts, time.time() - t0
 
 
@@ -235,8 +253,9 @@ def pilot_slot(
     engine: TimedEngine, loop: ControlLoop, phase: Phase, lead_s: float
 ) -> tuple[dict[str, int], float, float, TickRecord | None]:
     """Load SpecPilot's server for one tick: the load starts, `lead_s` later the loop observes
-    its window, decides and, on a switch, restarts the engine; the load ends with the tick, so
-    a restart's time is inside the slot with no tokens. (counts, wall s, downtime s, record)"""
+    its window, decides and, on a switch, restarts the engine (or starts the new one beside it:
+    a surge); the load ends with the tick, so a restart's time is inside the slot with no
+    tokens, and a surge's with the old config serving. (counts, wall s, downtime s, record)"""
     records: list[TickRecord] = []
     errors: list[BaseException] = []
 
@@ -250,7 +269,7 @@ def pilot_slot(
     thread = threading.Thread(target=tick, daemon=True)
     t0 = time.time()
     thread.start()
-    counts = asyncio.run(_drive(engine.url, phase, lambda start: not thread.is_alive()))
+    counts = asyncio.run(_drive(lambda: engine.url, phase, lambda start: not thread.is_alive()))
     t1 = time.time()
     if errors:
         counts["loop_errors"] = len(errors)
@@ -286,7 +305,7 @@ def warm_up(url: str) -> None:
     do not land in the first measured slot. SpecPilot's later restarts get none."""
     users, seconds = WARM_UP
     warm = Phase("warm-up", users, 0.0)
-    asyncio.run(_drive(url, warm, lambda start: time.time() - start >= seconds))
+    asyncio.run(_drive(lambda: url, warm, lambda start: time.time() - start >= seconds))
 
 
 def calibrate(
@@ -437,7 +456,9 @@ def switching_bound(report: dict[str, Any]) -> dict[str, Any] | None:
     without tokens for each change of config: every such sequence tried, the one with the most
     tokens/s over all phases kept. Not a bound on every policy (one may switch within a phase,
     or to a config no static ran), but what phase-by-phase switching among these configs was
-    worth here against the restarts' price. None before a phase has a best static."""
+    worth here against the restarts' price. With surge switches a change costs no time without
+    tokens (the old engine serves until the new one is up), and the bound is the best static of
+    each phase. None before a phase has a best static."""
     rows, policies = report.get("summary") or [], report.get("policies") or []
     if not rows or any("best_static" not in r for r in rows):
         return None
@@ -447,9 +468,13 @@ def switching_bound(report: dict[str, Any]) -> dict[str, Any] | None:
         for p in policies
         if p["kind"] == "static" and p["policy"] not in UNRANKED and len(p["phases"]) >= len(rows)
     ]
-    restarts = [d for _, d in report.get("specpilot", {}).get("restart_intervals_s", []) if d]
+    pilot = report.get("specpilot", {})
+    restarts = [d for _, d in pilot.get("restart_intervals_s", []) if d]
     starts = [p["start_s"] for p in policies if p["kind"] == "static"]
-    restart_s = statistics.mean(restarts) if restarts else statistics.mean(starts)
+    if pilot.get("switch") == "surge":
+        restart_s = 0.0
+    else:
+        restart_s = statistics.mean(restarts) if restarts else statistics.mean(starts)
     best: tuple[float, tuple[str, ...], int] | None = None
     for sequence in itertools.product(ranked, repeat=len(rows)):
         configs = [by_name[name]["config"] for name in ("none", *sequence)]
@@ -546,6 +571,14 @@ def add_arguments(parser: argparse.ArgumentParser, *, phases: int, out: Path, lo
     )
     parser.add_argument("--port", type=int, default=18731)
     parser.add_argument("--min-dwell", type=float, default=20.0)
+    parser.add_argument(
+        "--switch",
+        choices=SWITCHES,
+        default="surge",
+        help="how SpecPilot's engine changes config: surge (the new engine starts on a second "
+        "port beside the serving one, as the operator's default rollout, maxUnavailable 0) or "
+        "restart (stopped, then started: no serving meanwhile)",
+    )
     parser.add_argument("--restart-budget", type=int, default=12, help="restarts per hour")
     parser.add_argument("--task", default="chat", help="acceptance prior of the tuner")
     parser.add_argument("--calibrate-seconds", type=float, default=8.0)
@@ -673,14 +706,18 @@ def run(plan: Plan, ns: argparse.Namespace, log: Callable[[str], None], started:
 
         priors: dict[str, AcceptanceCurve] = {"ngram": acceptance_curve("ngram", ns.task)}
         restart_s = sum(starts.values()) / len(starts)
+        # as the operator prices a surge rollout: no serving lost (serving_lost_per_switch_s)
+        lost_per_switch_s = 0.0 if ns.switch == "surge" else restart_s
         settings = TunerSettings(
             candidates=plan.candidates,
             min_dwell_s=ns.min_dwell,
             restart_budget_per_hour=ns.restart_budget,
-            restart_downtime_s=restart_s,
+            restart_downtime_s=lost_per_switch_s,
             **plan.settings_overrides,
         )
         pilot = plan.make_engine(ns.port + len(plan.statics), Path(ns.log_dir) / "specpilot")
+        if ns.switch == "surge":
+            pilot.surge_port = ns.port + len(plan.statics) + 1
         loop = ControlLoop(
             actuator=pilot,
             settings=settings,
@@ -752,15 +789,20 @@ def run(plan: Plan, ns: argparse.Namespace, log: Callable[[str], None], started:
             ]
             report["specpilot"] = {
                 "restarts": pilot.restarts - 1,
+                "switch": ns.switch,
                 "restart_intervals_s": [
                     [round(s - t_zero, 1), None if e is None else round(e - s, 1)]
                     for s, e in pilot.downtime[1:]
+                ],
+                "switch_intervals_s": [
+                    [round(s - t_zero, 1), None if e is None else round(e - s, 1)]
+                    for s, e in pilot.switches[1:]
                 ],
                 "settings": {
                     "window_s": ns.slot_seconds - 1.0,
                     "min_dwell_s": ns.min_dwell,
                     "restart_budget_per_hour": ns.restart_budget,
-                    "restart_downtime_s": round(restart_s, 1),
+                    "restart_downtime_s": round(lost_per_switch_s, 1),
                     "expected_dwell_s": settings.expected_dwell_s,
                     "hysteresis": settings.hysteresis,
                     "acceptance_prior_task": ns.task,
@@ -909,6 +951,25 @@ def summary_table(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+def pilot_slot_line(report: dict[str, Any]) -> str:
+    """How SpecPilot's slots are counted, for the switch the run used."""
+    line = (
+        "SpecPilot's slot is one tick of its loop: load starts, 1 s later the loop observes a "
+        "window, decides and, on a switch, "
+    )
+    if report.get("specpilot", {}).get("switch") == "surge":
+        return line + (
+            "starts the new config's server on a second port beside the serving one (the "
+            "operator's default surge rollout on one machine: both on the same cores), moves "
+            "the clients to it once healthy and stops the old one when its requests are done; "
+            "the slot lasts until then, the old config serving, so `wall` = `serving`."
+        )
+    return line + (
+        "restarts its server before the slot ends; `wall` counts that restart time as zero "
+        "tokens (tokens over load + restart time), `serving` excludes it."
+    )
+
+
 def tail_lines(report: dict[str, Any]) -> list[str]:
     """Starts, the step-time fit, SpecPilot's restarts, settings and ticks, and the notes."""
     lines = [
@@ -937,8 +998,14 @@ def tail_lines(report: dict[str, Any]) -> list[str]:
     if pilot is not None:
         lines += [
             "",
-            f"SpecPilot: {pilot['restarts']} restarts (offset s, duration s): "
-            f"{pilot['restart_intervals_s']}; settings `{json.dumps(pilot['settings'])}`.",
+            (
+                f"SpecPilot: {pilot['restarts']} surge switches (offset s, s until the new "
+                f"config served): {pilot['switch_intervals_s']}"
+                if pilot.get("switch") == "surge"
+                else f"SpecPilot: {pilot['restarts']} restarts (offset s, duration s): "
+                f"{pilot['restart_intervals_s']}"
+            )
+            + f"; settings `{json.dumps(pilot['settings'])}`.",
             "",
             "## SpecPilot's ticks",
             "",
@@ -982,7 +1049,12 @@ def overall_line(report: dict[str, Any]) -> list[str]:
             "",
             "Best phase-by-phase sequence of the ranked static configs, starting from no "
             f"speculation and paying {bound['restart_s']} s without tokens per change "
-            f"(SpecPilot's mean measured restart): {' -> '.join(bound['sequence'])}, "
+            + (
+                "(none with surge switches): "
+                if report.get("specpilot", {}).get("switch") == "surge"
+                else "(SpecPilot's mean measured restart): "
+            )
+            + f"{' -> '.join(bound['sequence'])}, "
             f"{bound['changes']} changes, {bound['tokens_per_s']} tok/s overall "
             "(`switching_bound`).",
         ]

@@ -9,7 +9,7 @@ the profile moves concurrency 1 -> 8 -> 1, greedy -> 0.7 -> greedy. Tokens are c
 client-side from SGLang's continuous usage stats as they stream. Policies: no speculation,
 NGRAM at each K given (`--speculative-num-draft-tokens K+1`), a second no-speculation server
 (its twin: the servers' noise per phase) and SpecPilot (ControlLoop + LocalEngine: real
-decisions, real restarts between NGRAM on/off and its draft-token counts).
+decisions, real switches between NGRAM on/off and its draft-token counts).
 
 The servers start as the live contract tests start them (tests/contract/sglang_live.py): the
 command line SpecPilot's SGLang adapter renders, plus what a CPU needs, added here and never by
@@ -75,6 +75,7 @@ from real_engine import (  # noqa: E402
     main_for,
     overall_line,
     parse_ks,
+    pilot_slot_line,
     provenance_lines,
     summary_table,
     tail_lines,
@@ -238,9 +239,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"clients, {MAX_TOKENS} output tokens per request (ignore_eos), tokens counted as they "
         "stream (SGLang's continuous usage stats).",
         "",
-        "SpecPilot's slot is one tick of its loop: load starts, 1 s later the loop observes a "
-        "window, decides and, on a switch, restarts its server before the slot ends; `wall` "
-        "counts that restart time as zero tokens, `serving` excludes it. Best/worst static are "
+        pilot_slot_line(report) + " Best/worst static are "
         "over no speculation and the NGRAM Ks. Tokens/s below are per policy's slots (static: "
         "serving = wall).",
         "",

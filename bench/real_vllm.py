@@ -9,12 +9,15 @@ n-gram acceptance) or at 0.7 (low); the profile moves concurrency 1 -> 32 -> 1 a
 greedy. Tokens are counted client-side from vLLM's continuous usage stats as they stream.
 Policies: no speculation, ngram at each K given, a hand-set per-batch K table, a second
 no-speculation server (its twin: the servers' noise per phase) and SpecPilot (ControlLoop +
-LocalEngine: real decisions, real restarts).
+LocalEngine: real decisions, real switches).
 
 SpecPilot's slot is one tick of its loop: load starts, the loop observes a window, decides and,
-on a switch, restarts its server inside the slot. Restarts count against it: per phase,
-`tokens_per_s_wall` is tokens over load + restart time (restart = zero tokens) and
-`tokens_per_s_serving` tokens over load time only; both are reported.
+on a switch, starts the new config's server on a second port beside the serving one (`--switch
+surge`, the default: the operator's default rollout on one machine) or restarts its server
+(`--switch restart`), inside the slot. Switches count against it: per phase,
+`tokens_per_s_wall` is tokens over the slots' whole time (a restart's = zero tokens; a surge's
+served by the old config while the new one starts on the same cores) and
+`tokens_per_s_serving` over the time a server was up; both are reported.
 
 The tuner on this CPU uses a step-time fit measured in the same run on the plain server (step
 time = c / tokens per second at c = 1, 4, 16, 32, fitted by the probe's `fit_step_time`), fed
@@ -62,6 +65,7 @@ from real_engine import (  # noqa: E402
     main_for,
     overall_line,
     parse_ks,
+    pilot_slot_line,
     provenance_lines,
     summary_table,
     tail_lines,
@@ -129,10 +133,8 @@ def markdown(report: dict[str, Any]) -> str:
         f"clients, {MAX_TOKENS} output tokens per request (ignore_eos), tokens counted as they "
         "stream (vLLM's continuous usage stats).",
         "",
-        "SpecPilot's slot is one tick of its loop: load starts, 1 s later the loop observes a "
-        "window, decides and, on a switch, restarts its server before the slot ends; `wall` "
-        "counts that restart time as zero tokens (tokens over load + restart time), `serving` "
-        "excludes it. Best/worst static are over no speculation and the plain ngram Ks; the "
+        pilot_slot_line(report)
+        + " Best/worst static are over no speculation and the plain ngram Ks; the "
         "hand-set per-batch table is shown beside them. Tokens/s below are per policy's slots "
         "(static: serving = wall).",
         "",

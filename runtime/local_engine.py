@@ -7,6 +7,13 @@ until /health answers; `observe(window_s)` reads one window of /metrics
 engine gave fewer than two snapshots. A process that exits or never gets healthy raises
 `EngineStartError` with its log's path and tail (each start attempt keeps its own log), and
 the previous config is not restored silently: the loop decides.
+
+With `surge_port` set a switch loses no serving, as the operator's default surge rollout
+(maxUnavailable 0) does not: the new config starts on the other of the two ports beside the
+running engine, `url` moves to it once it is healthy, and the old process is stopped when its
+requests in flight have finished (at most `drain_s`). A start that fails leaves the old engine
+serving its config, so the loop's rollback (an apply of that config) has nothing to do. Clients
+must read `url` per request: the port moves with each switch.
 """
 
 from __future__ import annotations
@@ -17,13 +24,14 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import httpx
 
-from specpilot.runtime.engine_metrics import observe
+from specpilot.runtime.engine_metrics import engine_metrics, observe
 from specpilot.runtime.engines import LaunchSettings, get_adapter
+from specpilot.runtime.scrape import ScrapeError, fetch_snapshot
 from specpilot.runtime.window import WindowReader, round_interval
 from specpilot.tuner import Observation, SpecConfig
 
@@ -50,29 +58,60 @@ class LocalEngine:
     (median of 8 rounds), every 3.3 s 0.947 (bench/results/scrape_cost.md at 730f23f; a
     4-round run at 1bc7b68 read 1.319 and 1.118: the slots' noise is of that size)."""
     log_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="specpilot-")))
+    surge_port: int | None = None
+    """The second port of a switch without downtime (module docstring); None: a switch stops
+    the engine, then starts the new one."""
+    drain_s: float = 30.0
+    """Longest wait, after a surge switch, for the old engine's requests in flight."""
     config: SpecConfig | None = None
     restarts: int = 0
     starts: int = 0
     """Start attempts, failed ones included: each writes its own log, so a failed start's log
     outlives the rollback that follows it."""
     _process: subprocess.Popen[bytes] | None = None
+    _port: int | None = None
+    """The port serving now (None: `launch.port`)."""
 
     @property
     def url(self) -> str:
-        return f"http://{self.launch.host}:{self.launch.port}"
+        return self._url(self.launch.port if self._port is None else self._port)
+
+    @property
+    def surging(self) -> bool:
+        """Whether the next apply starts beside a serving engine instead of replacing it."""
+        return self.surge_port is not None and self._serving()
 
     def apply(self, config: SpecConfig) -> None:
+        if not self.surging:
+            self.stop()
+            self._process = self._start(config, self.launch.port)
+            self._port = self.launch.port
+        elif config == self.config:
+            return  # a rollback after a failed surge: the old engine never stopped
+        else:
+            old, old_url = self._process, self.url
+            port = self.launch.port if self._port == self.surge_port else self.surge_port
+            assert port is not None
+            self._process, self._port = self._start(config, port), port
+            self._retire(old, old_url)
+        self.config = config
+        self.restarts += 1
+
+    def _start(self, config: SpecConfig, port: int) -> subprocess.Popen[bytes]:
+        """A healthy engine process for `config` on `port`, or `EngineStartError`."""
+        launch = self.launch
+        if port != launch.port:  # the old engine may still read its own files
+            launch = replace(launch, port=port, sidecar_dir=f"{launch.sidecar_dir}-{port}")
         adapter = get_adapter(self.engine)
-        args = adapter.render(config, self.launch)
-        for path, content in adapter.sidecar_files(config, self.launch).items():
+        args = adapter.render(config, launch)
+        for path, content in adapter.sidecar_files(config, launch).items():
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             Path(path).write_text(content, encoding="utf-8")
-        self.stop()
         log = self.log_dir / f"engine-{self.starts}.log"
         self.starts += 1
         with log.open("wb") as handle:
             try:
-                self._process = subprocess.Popen(
+                process = subprocess.Popen(
                     [*self.program, *args],
                     stdout=handle,
                     stderr=subprocess.STDOUT,
@@ -81,30 +120,56 @@ class LocalEngine:
                 )
             except OSError as exc:  # no such interpreter, not executable
                 raise EngineStartError(f"cannot start {self.program[0]!r}: {exc}") from exc
-        self._wait_healthy(log)
-        self.config = config
-        self.restarts += 1
+        try:
+            self._wait_healthy(process, self._url(port), log)
+        except BaseException:  # a failed start, or the caller stopping us: no orphan engine
+            _terminate(process)
+            raise
+        return process
 
-    def _wait_healthy(self, log: Path) -> None:
+    def _url(self, port: int) -> str:
+        return f"http://{self.launch.host}:{port}"
+
+    def _serving(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def _wait_healthy(self, process: subprocess.Popen[bytes], url: str, log: Path) -> None:
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
-            assert self._process is not None
-            if self._process.poll() is not None:
+            if process.poll() is not None:
                 raise EngineStartError(
-                    f"engine exited with {self._process.returncode} (log: {log}): "
+                    f"engine exited with {process.returncode} (log: {log}): "
                     f"{log.read_text(errors='replace')[-2000:]}"
                 )
             try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
             time.sleep(0.2)
-        self.stop()
         raise EngineStartError(
             f"engine not healthy after {self.start_timeout_s}s (log: {log}): "
             f"{log.read_text(errors='replace')[-2000:]}"
         )
+
+    def _retire(self, process: subprocess.Popen[bytes] | None, url: str) -> None:
+        """Stop the engine a surge replaced once nothing runs or waits on it (clients moved to
+        the new `url` with their next request), or after `drain_s`."""
+        deadline = time.monotonic() + self.drain_s
+        while time.monotonic() < deadline and self._in_flight(url) > 0:
+            time.sleep(0.5)
+        if process is not None:
+            _terminate(process)
+
+    def _in_flight(self, url: str) -> float:
+        """Requests running or waiting on the engine at `url` (0 once it cannot be read)."""
+        names = {s.name for s in engine_metrics(self.engine) if s.key in ("running", "waiting")}
+        try:
+            with httpx.Client(timeout=5.0) as client:
+                snapshot = fetch_snapshot(client, f"{url}/metrics", time.time(), keep=names)
+        except ScrapeError:
+            return 0.0
+        return sum(sum(snapshot.series(name).values()) for name in names)
 
     def window_reader(self, window_s: float) -> WindowReader:
         interval = (
@@ -121,11 +186,17 @@ class LocalEngine:
 
     def stop(self) -> None:
         process, self._process = self._process, None
-        if process is None or process.poll() is not None:
-            return
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=10)
+        if process is not None:
+            _terminate(process)
+
+
+def _terminate(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the engine's process group, SIGKILL it after 30 s."""
+    if process.poll() is not None:
+        return
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=10)

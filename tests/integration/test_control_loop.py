@@ -7,7 +7,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -51,7 +51,7 @@ def free_port() -> int:
 def engine_factory(tmp_path: Path) -> Iterator:
     engines: list[LocalEngine] = []
 
-    def make(program: list[str]) -> LocalEngine:
+    def make(program: list[str], surge: bool = False) -> LocalEngine:
         launch = LaunchSettings(
             model="/models/llama",
             served_model_name="llama",
@@ -66,6 +66,7 @@ def engine_factory(tmp_path: Path) -> Iterator:
             start_timeout_s=120,  # generous: ends when the engine answers; loaded hosts are slow
             scrape_interval_s=0.25,
             log_dir=tmp_path,
+            surge_port=free_port() if surge else None,
         )
         engines.append(engine)
         return engine
@@ -78,8 +79,11 @@ def engine_factory(tmp_path: Path) -> Iterator:
 class Load:
     """`users` closed-loop clients against whatever engine listens on the port."""
 
-    def __init__(self, url: str, users: int) -> None:
-        self.url, self.stop_event = url, threading.Event()
+    def __init__(self, url: str | Callable[[], str], users: int) -> None:
+        self.url_of = url if callable(url) else lambda: url
+        self.stop_event = threading.Event()
+        self.served, self.failed = 0, 0
+        self.lock = threading.Lock()
         self.threads = [threading.Thread(target=self._user, daemon=True) for _ in range(users)]
         for thread in self.threads:
             thread.start()
@@ -88,8 +92,13 @@ class Load:
         body = {"model": "llama", "prompt": "word " * 100, "max_tokens": 48}
         while not self.stop_event.is_set():
             try:
-                httpx.post(f"{self.url}/v1/completions", json=body, timeout=30)
+                response = httpx.post(f"{self.url_of()}/v1/completions", json=body, timeout=30)
+                response.raise_for_status()
+                with self.lock:
+                    self.served += 1
             except httpx.HTTPError:
+                with self.lock:
+                    self.failed += 1
                 time.sleep(0.1)  # the engine is restarting
 
     def stop(self) -> None:
@@ -148,3 +157,42 @@ def test_a_config_that_crashes_is_rolled_back(engine_factory) -> None:
     assert loop.state.current == SpecConfig() and engine.config == SpecConfig()
     # the failed config is not tried again while it is backed off
     assert second.decision.config != first.decision.config
+
+
+def test_a_surge_switch_serves_throughout_and_retires_the_old_engine(engine_factory) -> None:
+    """With a second port the new config starts beside the serving engine (the operator's
+    surge rollout on one machine): clients that read `url` per request see no failure, the
+    replaced process is stopped, and the next switch goes back to the first port."""
+    engine = engine_factory(EMULATE, surge=True)
+    engine.apply(SpecConfig())
+    first_url, first = engine.url, engine._process
+    load = Load(lambda: engine.url, users=2)
+    try:
+        time.sleep(1.0)
+        engine.apply(EAGLE3[0])
+        served_at_switch = load.served
+        time.sleep(1.0)
+        engine.apply(EAGLE3[1])
+    finally:
+        load.stop()
+    assert load.failed == 0 and load.served > served_at_switch > 0
+    assert first is not None and first.poll() is not None  # retired, not left running
+    assert engine.url == first_url and engine.config == EAGLE3[1] and engine.restarts == 3
+    assert engine.starts == 3
+
+
+def test_a_surge_that_fails_to_start_leaves_the_old_engine_serving(engine_factory) -> None:
+    engine = engine_factory(CRASHES_ON_SPECULATION, surge=True)
+    loop = make_loop(engine)
+    loop.start()
+    serving = engine._process
+    load = Load(lambda: engine.url, users=2)
+    try:
+        first = loop.tick(now=100.0)
+    finally:
+        load.stop()
+    assert first.decision.config.method == "eagle3" and not first.applied
+    assert first.error is not None and "unsupported draft head" in first.error
+    # the rollback found its config still serving: no second start, no failed request
+    assert engine._process is serving and engine.config == SpecConfig()
+    assert engine.starts == 2 and engine.restarts == 1 and load.failed == 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from specpilot.runtime.engines import LaunchSettings
 from specpilot.runtime.scrape import ScrapeError
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
@@ -215,6 +217,42 @@ def test_the_twin_measures_noise_and_the_bound_prices_each_change_of_config() ->
     assert bound["tokens_per_s"] == round(5000 / 22, 2)
     report["specpilot"]["restart_intervals_s"] = []  # none measured: the statics' start
     assert harness.switching_bound(report)["restart_s"] == 40.0
+    # a surge switch serves throughout: each phase's best static, changes for free
+    report["specpilot"] = {"switch": "surge", "restart_intervals_s": []}
+    bound = harness.switching_bound(report)
+    assert bound["restart_s"] == 0.0 and bound["sequence"] == ["ngram K=3", "none"]
+    assert bound["tokens_per_s"] == 250.0
+
+
+def test_a_surge_switch_is_timed_but_not_counted_as_downtime(tmp_path: Path) -> None:
+    """SpecPilot's engine under `--switch surge` serves while the next one starts (here the
+    emulator as a real process on two ports): the switch is recorded, its time is not time
+    without tokens; the first start, with nothing serving, is."""
+    harness = _load("real_vllm.py") and sys.modules["real_engine"]
+    ports = []
+    for _ in range(2):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            ports.append(int(sock.getsockname()[1]))
+    engine = harness.TimedEngine(
+        engine="vllm",
+        program=[sys.executable, "-m", "specpilot.operator.app.cli", "emulate", "--engine", "vllm"],
+        launch=LaunchSettings(
+            model="m", host="127.0.0.1", port=ports[0], sidecar_dir=str(tmp_path / "side")
+        ),
+        log_dir=tmp_path,
+        start_timeout_s=120.0,
+        surge_port=ports[1],
+    )
+    try:
+        engine.apply(harness.SpecConfig())
+        engine.apply(harness.SpecConfig(method="ngram", num_speculative_tokens=3))
+    finally:
+        engine.stop()
+    assert len(engine.switches) == 2 and len(engine.downtime) == 1
+    start, end = engine.switches[1]
+    assert end is not None and end > start and engine.down_between(start, end) == 0.0
+    assert engine.url.endswith(f":{ports[1]}")
 
 
 def test_slot_counters_are_kept_only_without_a_restart() -> None:
