@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import httpx
 
@@ -53,6 +53,7 @@ from specpilot.tuner import (
     TunerState,
     acceptance_curve,
 )
+from specpilot.tuner.policy.settings import Objective
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -82,6 +83,7 @@ PROBE_TOKEN_IDS = (100, 1000)
 """Token ids the prefill probe draws from (inside any model's vocabulary)."""
 TWIN = "none (twin)"
 SWITCHES = ("surge", "restart")
+OBJECTIVES: tuple[str, ...] = get_args(Objective)
 """A second no-speculation server: how far two servers of one config differ per phase on this
 host (the noise a per-phase comparison must clear); shown, not ranked among the statics."""
 UNRANKED = ("table", TWIN)
@@ -572,6 +574,16 @@ def add_arguments(parser: argparse.ArgumentParser, *, phases: int, out: Path, lo
     parser.add_argument("--port", type=int, default=18731)
     parser.add_argument("--min-dwell", type=float, default=20.0)
     parser.add_argument(
+        "--objective",
+        choices=OBJECTIVES,
+        default="throughput",
+        help="the tuner's objective (the CRD's tuning.objective). throughput, the default here: "
+        "the clients are a closed loop of a fixed number of users and the bench scores tokens/s, "
+        "so the served tokens/s is not an arrival rate the latency objective could plan "
+        "capacity for (on a compute-bound CPU a single user's tokens/s reads as most of the "
+        "plain server's capacity)",
+    )
+    parser.add_argument(
         "--switch",
         choices=SWITCHES,
         default="surge",
@@ -713,6 +725,7 @@ def run(plan: Plan, ns: argparse.Namespace, log: Callable[[str], None], started:
             min_dwell_s=ns.min_dwell,
             restart_budget_per_hour=ns.restart_budget,
             restart_downtime_s=lost_per_switch_s,
+            objective=ns.objective,
             **plan.settings_overrides,
         )
         pilot = plan.make_engine(ns.port + len(plan.statics), Path(ns.log_dir) / "specpilot")
@@ -803,6 +816,7 @@ def run(plan: Plan, ns: argparse.Namespace, log: Callable[[str], None], started:
                     "min_dwell_s": ns.min_dwell,
                     "restart_budget_per_hour": ns.restart_budget,
                     "restart_downtime_s": round(lost_per_switch_s, 1),
+                    "objective": ns.objective,
                     "expected_dwell_s": settings.expected_dwell_s,
                     "hysteresis": settings.hysteresis,
                     "acceptance_prior_task": ns.task,
@@ -896,6 +910,8 @@ def dry_run(plan: Plan, ns: argparse.Namespace, start_s: float) -> dict[str, Any
         "servers": servers,
         "candidates": [c.describe() for c in plan.candidates],
         "tuner_settings_overrides": plan.settings_overrides,
+        "objective": ns.objective,
+        "switch": ns.switch,
         "phases": [vars_phase(p) for p in plan.phases],
         "calibration_concurrency": list(plan.calibration_concurrency),
         "slot_seconds": ns.slot_seconds,
