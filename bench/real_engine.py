@@ -7,9 +7,9 @@ policy alike: for each phase, `ns.rounds` rounds of one slot per policy in rotat
 phase is a concurrency (closed-loop async users streaming /v1/completions) and a temperature.
 Tokens are counted client-side from the engine's continuous usage stats as they stream.
 SpecPilot's slot is one tick of its loop (`pilot_slot`); its switches count against it:
-a restart's time as time without tokens, a surge's (`--switch surge`, the default: the new
-server starts beside the serving one, as the operator's default rollout) as time the old config
-serves while the new one starts on the same cores.
+a restart's time as time without tokens, a surge's (`--switch surge`: the new server starts
+beside the serving one, as the operator's default rollout does on a spare GPU) as time the old
+config serves while the new one starts on the same cores.
 
 What differs per engine comes in the `Plan`: how to make a server, the phases, the calibration
 concurrencies, an optional per-slot meter of the server's own counters, an optional hook after
@@ -586,10 +586,12 @@ def add_arguments(parser: argparse.ArgumentParser, *, phases: int, out: Path, lo
     parser.add_argument(
         "--switch",
         choices=SWITCHES,
-        default="surge",
-        help="how SpecPilot's engine changes config: surge (the new engine starts on a second "
-        "port beside the serving one, as the operator's default rollout, maxUnavailable 0) or "
-        "restart (stopped, then started: no serving meanwhile)",
+        default="restart",
+        help="how SpecPilot's engine changes config: restart (stopped, then started: no serving "
+        "meanwhile) or surge (the new engine starts on a second port beside the serving one, as "
+        "the operator's default rollout does on a spare GPU). On 2 cores a surge start waits "
+        "for the serving engine's spinning workers: one sat over 6 minutes without a log line "
+        "where a start alone takes 35 s",
     )
     parser.add_argument("--restart-budget", type=int, default=12, help="restarts per hour")
     parser.add_argument("--task", default="chat", help="acceptance prior of the tuner")

@@ -12,9 +12,9 @@ no-speculation server (its twin: the servers' noise per phase) and SpecPilot (Co
 LocalEngine: real decisions, real switches).
 
 SpecPilot's slot is one tick of its loop: load starts, the loop observes a window, decides and,
-on a switch, starts the new config's server on a second port beside the serving one (`--switch
-surge`, the default: the operator's default rollout on one machine) or restarts its server
-(`--switch restart`), inside the slot. Switches count against it: per phase,
+on a switch, restarts its server (`--switch restart`, the default) or starts the new config's
+server on a second port beside the serving one (`--switch surge`, the operator's default
+rollout on one machine), inside the slot. Switches count against it: per phase,
 `tokens_per_s_wall` is tokens over the slots' whole time (a restart's = zero tokens; a surge's
 served by the old config while the new one starts on the same cores) and
 `tokens_per_s_serving` over the time a server was up; both are reported.

@@ -8,7 +8,7 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import cast
+from typing import cast, get_args
 
 from specpilot.operator.app.cli_conventions import check_count, check_port, check_seconds
 from specpilot.operator.loop import ControlLoop, TickRecord
@@ -26,6 +26,9 @@ from specpilot.tuner import (
     TunerState,
     prior_curves,
 )
+from specpilot.tuner.policy.settings import Objective
+
+OBJECTIVES: tuple[str, ...] = get_args(Objective)
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -56,6 +59,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     parser.add_argument("--restart-budget", type=int, default=4, help="restarts per hour")
     parser.add_argument(
         "--restart-downtime", type=float, default=60.0, help="seconds a restart costs"
+    )
+    parser.add_argument(
+        "--objective",
+        default="latency",
+        choices=OBJECTIVES,
+        help="what the tuner optimises (the CRD's tuning.objective): latency at the offered "
+        "load (open-loop traffic), throughput at the current batch (a fixed set of clients, a "
+        "batch job), goodput (throughput among configs meeting --slo-tpot-p95-ms)",
     )
     parser.add_argument("--slo-tpot-p95-ms", type=float, help="TPOT p95 target, ms (none: off)")
     parser.add_argument(
@@ -107,6 +118,8 @@ def _check_numbers(ns: argparse.Namespace) -> None:
     slo = ns.slo_tpot_p95_ms
     if slo is not None and not (math.isfinite(slo) and slo > 0):
         raise ConfigError("--slo-tpot-p95-ms", slo, "a finite number of milliseconds above 0")
+    if ns.objective == "goodput" and slo is None:
+        raise ConfigError("--slo-tpot-p95-ms", slo, "a target with --objective goodput")
 
 
 def run(ns: argparse.Namespace) -> int:
@@ -155,6 +168,7 @@ def run(ns: argparse.Namespace) -> int:
         min_dwell_s=ns.min_dwell,
         restart_budget_per_hour=ns.restart_budget,
         restart_downtime_s=ns.restart_downtime,
+        objective=ns.objective,
         slo_tpot_p95_s=slo,
         max_batch=max_batch_from_args(get_adapter(ns.engine), extra) or DEFAULT_MAX_BATCH,
         # a catalog GPU's KV capacity is known; a measured fit (e.g. a CPU) says nothing of it

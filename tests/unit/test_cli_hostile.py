@@ -96,8 +96,11 @@ NO_RUN_COULD_USE = [
             ("--window", "nan"), ("--window", "0"), ("--min-dwell", "inf"),
             ("--restart-downtime", "nan"), ("--slo-tpot-p95-ms", "nan"), ("--port", "0"),
             ("--port", "65536"), ("--ticks", "-1"), ("--restart-budget", "-1"),
+            ("--objective", "fastest"),
         ]
     ],
+    (["run", "--model", "m", "--python", "/nonexistent/python3", "--objective", "goodput"],
+     "--slo-tpot-p95-ms"),
     (["run", "--model", "m", "--python", "/nonexistent/python3", "--ticks", "1"],
      "cannot start '/nonexistent/python3'"),
     (["simulate", "--method", "ngram", "--rps", "nan"], "rps"),
