@@ -8,12 +8,14 @@ engine gave fewer than two snapshots. A process that exits or never gets healthy
 `EngineStartError` with its log's path and tail (each start attempt keeps its own log), and
 the previous config is not restored silently: the loop decides.
 
-With `surge_port` set a switch loses no serving, as the operator's default surge rollout
-(maxUnavailable 0) does not: the new config starts on the other of the two ports beside the
+With `surge_port` set a switch keeps serving, as the operator's default surge rollout
+(maxUnavailable 0) does: the new config starts on the other of the two ports beside the
 running engine, `url` moves to it once it is healthy, and the old process is stopped when its
 requests in flight have finished (at most `drain_s`). A start that fails leaves the old engine
 serving its config, so the loop's rollback (an apply of that config) has nothing to do. Clients
-must read `url` per request: the port moves with each switch.
+must read `url` per request: the port moves with each switch. Both engines share the machine's
+cores meanwhile: on 2 cores a vLLM CPU start beside a serving vLLM wrote no log line in over 6
+minutes (alone: 35 s), so the real-engine benches restart unless told `--switch surge`.
 """
 
 from __future__ import annotations
