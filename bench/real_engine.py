@@ -82,10 +82,11 @@ few dozen extra tokens, the scale of a verify step's drafts rather than of a lon
 PROBE_TOKEN_IDS = (100, 1000)
 """Token ids the prefill probe draws from (inside any model's vocabulary)."""
 TWIN = "none (twin)"
-SWITCHES = ("surge", "restart")
-OBJECTIVES: tuple[str, ...] = get_args(Objective)
 """A second no-speculation server: how far two servers of one config differ per phase on this
 host (the noise a per-phase comparison must clear); shown, not ranked among the statics."""
+SWITCHES = ("surge", "restart")
+"""How SpecPilot's server changes config (`--switch`): `LocalEngine.surge_port` or a restart."""
+OBJECTIVES: tuple[str, ...] = get_args(Objective)
 UNRANKED = ("table", TWIN)
 """Static policies shown beside the others but not counted as best or worst static."""
 
