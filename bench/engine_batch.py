@@ -1,0 +1,154 @@
+"""Does the client's concurrency reach the engine? Real vLLM (CPU build) at concurrency 1 and 32:
+the client's tokens/s beside the batch the engine itself ran, per thread-binding variant.
+
+Contract: per `--bind` variant (vLLM's `VLLM_CPU_OMP_THREADS_BIND`: `auto`, its default, puts
+the worker on one core and reserves the other for the API server; `nobind` leaves placement to
+the OS), one run starts one no-speculation vLLM server with bench/real_vllm.py's launch, warms
+it up and runs `--rounds` slots per concurrency of bench/real_engine.py's closed-loop streamed
+load. During each slot `LocalEngine.observe` reads one window, as SpecPilot's loop does: the
+engine's mean batch from its own inter-token-latency sums (`running_requests`) and the sampled
+running gauge. At concurrency 32 a batch far below 32 means the requests wait in front of the
+engine (the API server), not in it: a phase at that concurrency then measures the frontend as
+much as the engine. The batch/concurrency ratio per slot is the result; tokens/s are context.
+
+Run: HF_HUB_OFFLINE=1 .venv/bin/python bench/engine_batch.py   (~5 min on 2 cores, on a quiet
+host). Writes bench/results/engine_batch.json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from specpilot.tuner import Observation, SpecConfig
+
+BENCH = str(Path(__file__).resolve().parent)
+if BENCH not in sys.path:
+    sys.path.insert(0, BENCH)
+
+from real_engine import (  # noqa: E402
+    RESULTS,
+    Phase,
+    TimedEngine,
+    command_line,
+    git_commit,
+    slot,
+    warm_up,
+    write,
+)
+from real_vllm import make_engine  # noqa: E402
+
+BINDS = ("auto", "nobind")
+
+
+def observed_slot(engine: TimedEngine, phase: Phase, seconds: float) -> dict[str, Any]:
+    """One load slot with one observed window inside it (1 s after the load starts)."""
+    seen: list[Observation] = []
+
+    def watch() -> None:
+        time.sleep(1.0)
+        seen.append(engine.observe(seconds - 2.0))
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    counts, wall = slot(engine, phase, seconds)
+    thread.join(timeout=30.0)
+    batch = seen[0].running_requests if seen else None
+    return {
+        "tokens_per_s": round(counts["tokens"] / wall, 1),
+        "engine_batch": None if batch is None else round(batch, 2),
+        "running_gauge": None if not seen else seen[0].running_requests_gauge,
+        "batch_per_user": None if batch is None else round(batch / phase.concurrency, 3),
+    }
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = [
+        "# Does the client's concurrency reach the engine? (real vLLM, no speculation)",
+        "",
+        f"Commit `{report['commit']}`; command `{report['command']}`; seeds: none (fixed "
+        "prompts, temperature 0).",
+        f"Started {report['started_utc']}, {report['wall_min']:.1f} min wall; {report['machine']}.",
+        "",
+        "Engine batch: the mean running requests over one window inside each slot, from vLLM's "
+        "own inter-token-latency sums (what SpecPilot's loop reads); batch per user = that over "
+        "the client's concurrency (1 = every request the client holds is in the engine).",
+        "",
+        "| bind | concurrency | tokens/s per slot | engine batch per slot "
+        "| batch per user, median |",
+        "|---|---|---|---|---|",
+    ]
+    for row in report["variants"]:
+        for block in row["concurrencies"]:
+            slots = block["slots"]
+            lines.append(
+                f"| {row['bind']} | {block['concurrency']} | "
+                + ", ".join(f"{s['tokens_per_s']:.0f}" for s in slots)
+                + " | "
+                + ", ".join(str(s["engine_batch"]) for s in slots)
+                + f" | {block['median_batch_per_user']} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=4, help="slots per concurrency")
+    parser.add_argument("--slot-seconds", type=float, default=11.0)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
+    parser.add_argument("--bind", nargs="+", default=list(BINDS), choices=BINDS)
+    parser.add_argument("--port", type=int, default=8391)
+    parser.add_argument("--out", type=Path, default=RESULTS / "engine_batch.json")
+    ns = parser.parse_args()
+    if ns.rounds < 1 or ns.slot_seconds < 4.0 or min(ns.concurrency) < 1:
+        parser.error("--rounds must be >= 1, --slot-seconds >= 4 and every --concurrency >= 1")
+    started = time.time()
+    report: dict[str, Any] = {
+        "commit": git_commit(),
+        "command": command_line(["bench/engine_batch.py", *sys.argv[1:]]),
+        "seeds": None,
+        "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "machine": f"{platform.machine()}, {platform.python_version()}",
+        "rounds": ns.rounds,
+        "slot_seconds": ns.slot_seconds,
+        "variants": [],
+    }
+    for bind in ns.bind:
+        engine = make_engine(ns.port, Path(tempfile.mkdtemp(prefix="engine-batch-")))
+        engine.env["VLLM_CPU_OMP_THREADS_BIND"] = bind
+        row: dict[str, Any] = {"bind": bind, "concurrencies": []}
+        report["variants"].append(row)
+        try:
+            engine.apply(SpecConfig())
+            warm_up(engine.url)
+            for c in ns.concurrency:
+                phase = Phase(f"c{c} greedy", c, 0.0)
+                slots = [observed_slot(engine, phase, ns.slot_seconds) for _ in range(ns.rounds)]
+                ratios = [s["batch_per_user"] for s in slots if s["batch_per_user"] is not None]
+                row["concurrencies"].append(
+                    {
+                        "concurrency": c,
+                        "slots": slots,
+                        "median_batch_per_user": round(statistics.median(ratios), 3)
+                        if ratios
+                        else None,
+                    }
+                )
+                print(f"{bind} c{c}: {slots}", flush=True)
+                report["wall_min"] = (time.time() - started) / 60
+                write(report, ns.out, markdown)
+        finally:
+            engine.stop()
+    print(markdown(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
