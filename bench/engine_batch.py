@@ -18,7 +18,6 @@ host). Writes bench/results/engine_batch.json and .md.
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import sys
 import tempfile
@@ -37,8 +36,8 @@ from real_engine import (  # noqa: E402
     RESULTS,
     Phase,
     TimedEngine,
-    command_line,
-    git_commit,
+    probe_head,
+    probe_markdown_head,
     slot,
     warm_up,
     write,
@@ -71,12 +70,9 @@ def observed_slot(engine: TimedEngine, phase: Phase, seconds: float) -> dict[str
 
 def markdown(report: dict[str, Any]) -> str:
     lines = [
-        "# Does the client's concurrency reach the engine? (real vLLM, no speculation)",
-        "",
-        f"Commit `{report['commit']}`; command `{report['command']}`; seeds: none (fixed "
-        "prompts, temperature 0).",
-        f"Started {report['started_utc']}, {report['wall_min']:.1f} min wall; {report['machine']}.",
-        "",
+        *probe_markdown_head(
+            report, "Does the client's concurrency reach the engine? (real vLLM, no speculation)"
+        ),
         "Engine batch: the mean running requests over one window inside each slot, from vLLM's "
         "own inter-token-latency sums (what SpecPilot's loop reads); batch per user = that over "
         "the client's concurrency (1 = every request the client holds is in the engine).",
@@ -111,13 +107,7 @@ def main() -> int:
         parser.error("--rounds must be >= 1, --slot-seconds >= 4 and every --concurrency >= 1")
     started = time.time()
     report: dict[str, Any] = {
-        "commit": git_commit(),
-        "command": command_line(["bench/engine_batch.py", *sys.argv[1:]]),
-        "seeds": None,
-        "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-        "machine": f"{platform.machine()}, {platform.python_version()}",
-        "rounds": ns.rounds,
-        "slot_seconds": ns.slot_seconds,
+        **probe_head("bench/engine_batch.py", started, ns.rounds, ns.slot_seconds),
         "variants": [],
     }
     for bind in ns.bind:

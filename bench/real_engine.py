@@ -24,6 +24,7 @@ import asyncio
 import itertools
 import json
 import os
+import platform
 import random
 import shlex
 import statistics
@@ -529,6 +530,33 @@ def git_commit(root: Path = ROOT) -> str:
 def command_line(argv: Sequence[str]) -> str:
     """The command as one shell line, with the environment the run needs."""
     return " ".join(["HF_HUB_OFFLINE=1", ".venv/bin/python", *map(shlex.quote, argv)])
+
+
+def probe_head(script: str, started: float, rounds: int, slot_seconds: float) -> dict[str, Any]:
+    """The report head of a one-server probe (bench/scrape_cost.py, bench/engine_batch.py):
+    commit, the command as run, seeds (none drawn: fixed prompts at temperature 0), start time,
+    machine, and its rounds of slots."""
+    return {
+        "commit": git_commit(),
+        "command": command_line([script, *sys.argv[1:]]),
+        "seeds": None,
+        "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "machine": f"{platform.machine()}, {platform.python_version()}",
+        "rounds": rounds,
+        "slot_seconds": slot_seconds,
+    }
+
+
+def probe_markdown_head(report: dict[str, Any], title: str) -> list[str]:
+    """The Markdown lines `probe_head`'s report starts with, under `title`."""
+    return [
+        f"# {title}",
+        "",
+        f"Commit `{report['commit']}`; command `{report['command']}`; seeds: none (fixed "
+        "prompts, temperature 0).",
+        f"Started {report['started_utc']}, {report['wall_min']:.1f} min wall; {report['machine']}.",
+        "",
+    ]
 
 
 def write(report: dict[str, Any], out: Path, markdown: Callable[[dict[str, Any]], str]) -> None:

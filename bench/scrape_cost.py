@@ -18,7 +18,6 @@ bench/results/scrape_cost.json and .md.
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import sys
 import tempfile
@@ -39,8 +38,8 @@ from real_engine import (  # noqa: E402
     RESULTS,
     Phase,
     TimedEngine,
-    command_line,
-    git_commit,
+    probe_head,
+    probe_markdown_head,
     slot,
     warm_up,
     write,
@@ -121,12 +120,9 @@ def summarize(rounds: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, An
 
 def markdown(report: dict[str, Any]) -> str:
     lines = [
-        "# What observing costs a CPU server (real vLLM, no speculation)",
-        "",
-        f"Commit `{report['commit']}`; command `{report['command']}`; seeds: none (fixed "
-        "prompts, temperature 0).",
-        f"Started {report['started_utc']}, {report['wall_min']:.1f} min wall; {report['machine']}.",
-        "",
+        *probe_markdown_head(
+            report, "What observing costs a CPU server (real vLLM, no speculation)"
+        ),
         f"{report['rounds']} rounds of one {report['slot_seconds']:g} s slot per arm, order "
         "rotating; ratio = the arm's tokens/s over the quiet slot's in the same round.",
         "",
@@ -163,13 +159,7 @@ def main() -> int:
         parser.error("--rounds must be >= 1, --slot-seconds >= 2 and every --intervals > 0")
     started = time.time()
     report: dict[str, Any] = {
-        "commit": git_commit(),
-        "command": command_line(["bench/scrape_cost.py", *sys.argv[1:]]),
-        "seeds": None,
-        "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-        "machine": f"{platform.machine()}, {platform.python_version()}",
-        "rounds": ns.rounds,
-        "slot_seconds": ns.slot_seconds,
+        **probe_head("bench/scrape_cost.py", started, ns.rounds, ns.slot_seconds),
         "concurrencies": [],
     }
     arms: list[float | None] = [None, *ns.intervals]

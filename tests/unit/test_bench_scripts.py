@@ -385,3 +385,11 @@ def test_scrape_cost_ratios_are_per_round_against_the_quiet_slot() -> None:
     assert summary["every 1 s"]["ratios_to_quiet"] == [0.8, 1.1, 0.85]
     assert summary["every 1 s"]["median_ratio"] == 0.85
     assert summary["every 1 s"]["rounds_below_quiet"] == 2
+
+
+@pytest.mark.parametrize("probe", ["scrape_cost", "engine_batch"])
+def test_one_server_probes_still_render_their_committed_results(probe: str) -> None:
+    """The two one-server probes share their report's head (real_engine.probe_head); their
+    Markdown is still what their committed runs wrote."""
+    report = json.loads((RESULTS / f"{probe}.json").read_text())
+    assert _load(f"{probe}.py").markdown(report) == (RESULTS / f"{probe}.md").read_text()
