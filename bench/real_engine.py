@@ -9,7 +9,9 @@ Tokens are counted client-side from the engine's continuous usage stats as they 
 SpecPilot's slot is one tick of its loop (`pilot_slot`); its switches count against it:
 a restart's time as time without tokens, a surge's (`--switch surge`: the new server starts
 beside the serving one, as the operator's default rollout does on a spare GPU) as time the old
-config serves while the new one starts on the same cores.
+config serves while the new one starts on the same cores; a pool's (`--switch pool`: one
+server per candidate, all up before the load, `LocalEngine.standby_ports`) as a move of the
+clients, with the pool's servers' idle CPU on the shared cores and their memory held.
 
 What differs per engine comes in the `Plan`: how to make a server, the phases, the calibration
 concurrencies, an optional per-slot meter of the server's own counters, an optional hook after
@@ -85,8 +87,11 @@ PROBE_TOKEN_IDS = (100, 1000)
 TWIN = "none (twin)"
 """A second no-speculation server: how far two servers of one config differ per phase on this
 host (the noise a per-phase comparison must clear); shown, not ranked among the statics."""
-SWITCHES = ("surge", "restart")
-"""How SpecPilot's server changes config (`--switch`): `LocalEngine.surge_port` or a restart."""
+SWITCHES = ("surge", "restart", "pool")
+"""How SpecPilot's server changes config (`--switch`): `LocalEngine.surge_port`, a restart, or
+`LocalEngine.standby_ports` (a warm pool: one server per candidate, started before the load)."""
+FREE_SWITCHES = ("surge", "pool")
+"""Switches that lose no serving: the tuner prices them at 0 s, and so does `switching_bound`."""
 OBJECTIVES: tuple[str, ...] = get_args(Objective)
 UNRANKED = ("table", TWIN)
 """Static policies shown beside the others but not counted as best or worst static."""
@@ -114,7 +119,7 @@ class TimedEngine(LocalEngine):
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def apply(self, config: SpecConfig) -> None:
-        spans = [self.switches] if self.surging else [self.switches, self.downtime]
+        spans = [self.switches] if self.keeps_serving else [self.switches, self.downtime]
         with self.lock:
             for span in spans:
                 span.append((time.time(), None))
@@ -460,9 +465,9 @@ def switching_bound(report: dict[str, Any]) -> dict[str, Any] | None:
     without tokens for each change of config: every such sequence tried, the one with the most
     tokens/s over all phases kept. Not a bound on every policy (one may switch within a phase,
     or to a config no static ran), but what phase-by-phase switching among these configs was
-    worth here against the restarts' price. With surge switches a change costs no time without
-    tokens (the old engine serves until the new one is up), and the bound is the best static of
-    each phase. None before a phase has a best static."""
+    worth here against the restarts' price. With surge or pool switches a change costs no time
+    without tokens (the old engine serves until the new one is up, or the pool's is up already),
+    and the bound is the best static of each phase. None before a phase has a best static."""
     rows, policies = report.get("summary") or [], report.get("policies") or []
     if not rows or any("best_static" not in r for r in rows):
         return None
@@ -475,7 +480,7 @@ def switching_bound(report: dict[str, Any]) -> dict[str, Any] | None:
     pilot = report.get("specpilot", {})
     restarts = [d for _, d in pilot.get("restart_intervals_s", []) if d]
     starts = [p["start_s"] for p in policies if p["kind"] == "static"]
-    if pilot.get("switch") == "surge":
+    if pilot.get("switch") in FREE_SWITCHES:
         restart_s = 0.0
     else:
         restart_s = statistics.mean(restarts) if restarts else statistics.mean(starts)
@@ -573,7 +578,7 @@ def idle_cpu(engines: list[TimedEngine], seconds: float) -> float:
     idle servers must not slow the one under load."""
 
     def cpu() -> float:
-        groups = {e._process.pid for e in engines if e._process is not None}
+        groups = {pid for e in engines for pid in e.process_groups}
         total = 0
         for stat in Path("/proc").glob("[0-9]*/stat"):
             try:
@@ -620,7 +625,10 @@ def add_arguments(parser: argparse.ArgumentParser, *, phases: int, out: Path, lo
         "meanwhile) or surge (the new engine starts on a second port beside the serving one, as "
         "the operator's default rollout does on a spare GPU). On 2 cores a surge start waits "
         "for the serving engine's spinning workers: one sat over 6 minutes without a log line "
-        "where a start alone takes 35 s",
+        "where a start alone takes 35 s; or pool (one server per candidate, all started "
+        "before the load, each waiting idle on its own port: a switch moves the clients, and "
+        "the server left keeps waiting; SpecPilot then holds more servers, and their memory, "
+        "than a static policy)",
     )
     parser.add_argument("--restart-budget", type=int, default=12, help="restarts per hour")
     parser.add_argument("--task", default="chat", help="acceptance prior of the tuner")
@@ -691,9 +699,18 @@ class Plan:
     """Checks at the start of a real run (not --dry-run) that add their findings to the report."""
 
 
+def pilot_overrides(plan: Plan, switch: str) -> dict[str, Any]:
+    """The TunerSettings fields SpecPilot runs under beyond the defaults: the plan's, and with a
+    pool no synthesised schedules (a config outside the pool would start beside the serving
+    server, and on 2 cores such a start stalled for minutes: see `--switch`)."""
+    if switch == "pool":
+        return {**plan.settings_overrides, "synthesize_schedules": False}
+    return dict(plan.settings_overrides)
+
+
 def expected_minutes(plan: Plan, ns: argparse.Namespace, start_s: float) -> float:
     """A lower bound of the run's wall time: starts, warm-ups, calibration and the slots."""
-    servers = len(plan.statics) + 1
+    servers = len(plan.statics) + (len(plan.candidates) if ns.switch == "pool" else 1)
     slot_s, calibrate_s = float(ns.slot_seconds), float(ns.calibrate_seconds)
     slots = len(plan.phases) * ns.rounds * servers * slot_s
     setup = servers * (start_s + WARM_UP[1]) + len(plan.calibration_concurrency) * calibrate_s
@@ -750,18 +767,22 @@ def run(plan: Plan, ns: argparse.Namespace, log: Callable[[str], None], started:
         priors: dict[str, AcceptanceCurve] = {"ngram": acceptance_curve("ngram", ns.task)}
         restart_s = sum(starts.values()) / len(starts)
         # as the operator prices a surge rollout: no serving lost (serving_lost_per_switch_s)
-        lost_per_switch_s = 0.0 if ns.switch == "surge" else restart_s
+        lost_per_switch_s = 0.0 if ns.switch in FREE_SWITCHES else restart_s
+        overrides = pilot_overrides(plan, ns.switch)
         settings = TunerSettings(
             candidates=plan.candidates,
             min_dwell_s=ns.min_dwell,
             restart_budget_per_hour=ns.restart_budget,
             restart_downtime_s=lost_per_switch_s,
             objective=ns.objective,
-            **plan.settings_overrides,
+            **overrides,
         )
         pilot = plan.make_engine(ns.port + len(plan.statics), Path(ns.log_dir) / "specpilot")
         if ns.switch == "surge":
             pilot.surge_port = ns.port + len(plan.statics) + 1
+        elif ns.switch == "pool":
+            first = ns.port + len(plan.statics) + 1
+            pilot.standby_ports = tuple(range(first, first + len(plan.candidates) - 1))
         loop = ControlLoop(
             actuator=pilot,
             settings=settings,
@@ -778,6 +799,14 @@ def run(plan: Plan, ns: argparse.Namespace, log: Callable[[str], None], started:
         starts["specpilot"] = time.time() - t0
         log(f"specpilot: healthy after {starts['specpilot']:.1f}s")
         warm_up(pilot.url)
+        pool_start_s = None
+        if ns.switch == "pool":
+            t0 = time.time()
+            pilot.prewarm(plan.candidates)
+            pool_start_s = time.time() - t0
+            log(f"specpilot: pool of {len(pilot.standby)} more servers up in {pool_start_s:.1f}s")
+            for url in pilot.standby_urls().values():
+                warm_up(url)
         report["idle_cores_all_servers"] = round(idle_cpu([*engines.values(), pilot], 10.0), 3)
         log(f"idle servers burn {report['idle_cores_all_servers']} cores together")
 
@@ -834,6 +863,8 @@ def run(plan: Plan, ns: argparse.Namespace, log: Callable[[str], None], started:
             report["specpilot"] = {
                 "restarts": pilot.restarts - 1,
                 "switch": ns.switch,
+                "pool": [c.describe() for c in plan.candidates] if ns.switch == "pool" else None,
+                "pool_start_s": None if pool_start_s is None else round(pool_start_s, 1),
                 "restart_intervals_s": [
                     [round(s - t_zero, 1), None if e is None else round(e - s, 1)]
                     for s, e in pilot.downtime[1:]
@@ -853,7 +884,7 @@ def run(plan: Plan, ns: argparse.Namespace, log: Callable[[str], None], started:
                     "acceptance_prior_task": ns.task,
                     "candidates": [c.describe() for c in plan.candidates],
                     "initial": "none",
-                    **plan.settings_overrides,
+                    **overrides,
                 },
                 "ticks": ticks,
             }
@@ -940,9 +971,12 @@ def dry_run(plan: Plan, ns: argparse.Namespace, start_s: float) -> dict[str, Any
         **plan.report_head,
         "servers": servers,
         "candidates": [c.describe() for c in plan.candidates],
-        "tuner_settings_overrides": plan.settings_overrides,
+        "tuner_settings_overrides": pilot_overrides(plan, ns.switch),
         "objective": ns.objective,
         "switch": ns.switch,
+        "specpilot_pool": (
+            [c.describe() for c in plan.candidates] if ns.switch == "pool" else None
+        ),
         "phases": [vars_phase(p) for p in plan.phases],
         "calibration_concurrency": list(plan.calibration_concurrency),
         "slot_seconds": ns.slot_seconds,
@@ -1004,6 +1038,14 @@ def pilot_slot_line(report: dict[str, Any]) -> str:
         "SpecPilot's slot is one tick of its loop: load starts, 1 s later the loop observes a "
         "window, decides and, on a switch, "
     )
+    if report.get("specpilot", {}).get("switch") == "pool":
+        return line + (
+            "moves the clients to the pool's server of the new config (one server per candidate, "
+            "all started before the load and waiting idle on their own ports; the one left keeps "
+            "waiting), so `wall` = `serving`. SpecPilot holds "
+            f"{len(report['specpilot']['pool'])} servers where a static policy holds one: the "
+            "same cores, more memory."
+        )
     if report.get("specpilot", {}).get("switch") == "surge":
         return line + (
             "starts the new config's server on a second port beside the serving one (the "
@@ -1046,9 +1088,15 @@ def tail_lines(report: dict[str, Any]) -> list[str]:
         lines += [
             "",
             (
-                f"SpecPilot: {pilot['restarts']} surge switches (offset s, s until the new "
-                f"config served): {pilot['switch_intervals_s']}"
-                if pilot.get("switch") == "surge"
+                f"SpecPilot: {pilot['restarts']} {pilot['switch']} switches (offset s, s until "
+                f"the new config served): {pilot['switch_intervals_s']}"
+                + (
+                    f"; its pool of {len(pilot['pool'])} servers started in "
+                    f"{pilot['pool_start_s']} s before the load"
+                    if pilot.get("switch") == "pool"
+                    else ""
+                )
+                if pilot.get("switch") in FREE_SWITCHES
                 else f"SpecPilot: {pilot['restarts']} restarts (offset s, duration s): "
                 f"{pilot['restart_intervals_s']}"
             )
@@ -1097,8 +1145,8 @@ def overall_line(report: dict[str, Any]) -> list[str]:
             "Best phase-by-phase sequence of the ranked static configs, starting from no "
             f"speculation and paying {bound['restart_s']} s without tokens per change "
             + (
-                "(none with surge switches): "
-                if report.get("specpilot", {}).get("switch") == "surge"
+                f"(none with {report['specpilot']['switch']} switches): "
+                if report.get("specpilot", {}).get("switch") in FREE_SWITCHES
                 else "(SpecPilot's mean measured restart): "
             )
             + f"{' -> '.join(bound['sequence'])}, "

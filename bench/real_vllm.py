@@ -14,7 +14,9 @@ LocalEngine: real decisions, real switches).
 SpecPilot's slot is one tick of its loop: load starts, the loop observes a window, decides and,
 on a switch, restarts its server (`--switch restart`, the default) or starts the new config's
 server on a second port beside the serving one (`--switch surge`, the operator's default
-rollout on one machine), inside the slot. Switches count against it: per phase,
+rollout on one machine), or moves the clients to the server of its warm pool that runs the new
+config (`--switch pool`: one server per candidate, all up before the load), inside the slot.
+Switches count against it: per phase,
 `tokens_per_s_wall` is tokens over the slots' whole time (a restart's = zero tokens; a surge's
 served by the old config while the new one starts on the same cores) and
 `tokens_per_s_serving` over the time a server was up; both are reported.

@@ -16,6 +16,16 @@ serving its config, so the loop's rollback (an apply of that config) has nothing
 must read `url` per request: the port moves with each switch. Both engines share the machine's
 cores meanwhile: on 2 cores a vLLM CPU start beside a serving vLLM wrote no log line in over 6
 minutes (alone: 35 s), so the real-engine benches restart unless told `--switch surge`.
+
+With `standby_ports` set the engine keeps a warm pool: `prewarm(configs)` starts one engine per
+config on those ports before any switch, and they wait there idle; a switch to a config of the
+pool moves `url` to its engine without a start, and the engine left keeps running on its port as
+the pool's standby for its own config (its requests in flight finish where they are). A config
+outside the pool starts beside the serving engine on a free port, or on the port of the standby
+served least recently, which is stopped. Every engine keeps its memory while it waits: vLLM's
+sleep mode, which frees an idle engine's GPU memory, is a no-op on its CPU build (its CPU worker
+says so), so this pool is only tried here as idle processes holding RAM. Clients read `url`
+per request, as with a surge.
 """
 
 from __future__ import annotations
@@ -65,6 +75,8 @@ class LocalEngine:
     the engine, then starts the new one."""
     drain_s: float = 30.0
     """Longest wait, after a surge switch, for the old engine's requests in flight."""
+    standby_ports: tuple[int, ...] = ()
+    """Ports of the warm pool's waiting engines (module docstring); empty: no pool."""
     config: SpecConfig | None = None
     restarts: int = 0
     starts: int = 0
@@ -73,18 +85,57 @@ class LocalEngine:
     _process: subprocess.Popen[bytes] | None = None
     _port: int | None = None
     """The port serving now (None: `launch.port`)."""
+    _standby: dict[SpecConfig, tuple[subprocess.Popen[bytes], int]] = field(default_factory=dict)
+    """The pool's waiting engines and their ports, the one served least recently first."""
+
+    def __post_init__(self) -> None:
+        if self.surge_port is not None and self.standby_ports:
+            raise ValueError("a LocalEngine has either a surge_port or standby_ports, not both")
 
     @property
     def url(self) -> str:
         return self._url(self.launch.port if self._port is None else self._port)
 
     @property
-    def surging(self) -> bool:
-        """Whether the next apply starts beside a serving engine instead of replacing it."""
-        return self.surge_port is not None and self._serving()
+    def keeps_serving(self) -> bool:
+        """Whether the next apply leaves an engine serving until the new config serves (a
+        surge, or a pool) instead of stopping it first."""
+        return (self.surge_port is not None or bool(self.standby_ports)) and self._serving()
+
+    @property
+    def standby(self) -> tuple[SpecConfig, ...]:
+        """The configs the pool holds warm beside the serving one."""
+        return tuple(self._standby)
+
+    def standby_urls(self) -> dict[SpecConfig, str]:
+        """Where each of the pool's waiting engines listens."""
+        return {config: self._url(port) for config, (_, port) in self._standby.items()}
+
+    @property
+    def process_groups(self) -> tuple[int, ...]:
+        """The process groups of the engines this actuator runs, serving and waiting (each
+        engine starts its own session: its group id is its pid)."""
+        running = [self._process] if self._process is not None else []
+        return tuple(p.pid for p in (*running, *(w for w, _ in self._standby.values())))
+
+    def prewarm(self, configs: Sequence[SpecConfig]) -> None:
+        """Start an engine for each of `configs` not yet running, on the pool's free ports, and
+        leave it waiting; ValueError without a free port for each."""
+        wanted = [c for c in dict.fromkeys(configs) if c != self.config and c not in self._standby]
+        free = self._free_ports()
+        if len(wanted) > len(free):
+            raise ValueError(
+                f"standby_ports has {len(free)} free port(s) for {len(wanted)} config(s) to prewarm"
+            )
+        for config, port in zip(wanted, free, strict=False):
+            self._standby[config] = (self._start(config, port), port)
 
     def apply(self, config: SpecConfig) -> None:
-        if not self.surging:
+        if self.standby_ports:
+            if config == self.config and self._serving():
+                return  # a rollback after a failed start: the serving engine never stopped
+            self._apply_pooled(config)
+        elif not self.surging:
             self.stop()
             self._process = self._start(config, self.launch.port)
             self._port = self.launch.port
@@ -98,6 +149,54 @@ class LocalEngine:
             self._retire(old, old_url)
         self.config = config
         self.restarts += 1
+
+    @property
+    def surging(self) -> bool:
+        """Whether the next apply starts beside a serving engine on the surge port."""
+        return self.surge_port is not None and self._serving()
+
+    def _apply_pooled(self, config: SpecConfig) -> None:
+        """Serve `config` from the pool's waiting engine, or from a new one started beside the
+        serving engine; the engine left waits in the pool."""
+        waiting = self._standby.pop(config, None)
+        if waiting is not None:
+            process, port = waiting
+            if not self._healthy(process, port):
+                _terminate(process)
+                raise EngineStartError(
+                    f"the pool's engine for {config.describe()} on port {port} stopped answering"
+                )
+        else:
+            port = self._port_for_start()
+            process = self._start(config, port)
+        if self._process is not None and self._serving() and self.config is not None:
+            self._standby[self.config] = (self._process, self._port or self.launch.port)
+        self._process, self._port = process, port
+
+    def _free_ports(self) -> list[int]:
+        used = {port for _, port in self._standby.values()}
+        if self._serving():
+            used.add(self.launch.port if self._port is None else self._port)
+        return [p for p in (self.launch.port, *self.standby_ports) if p not in used]
+
+    def _port_for_start(self) -> int:
+        """A free port of the pool, or the port of the standby served least recently (stopped
+        to make room)."""
+        free = self._free_ports()
+        if free:
+            return free[0]
+        oldest = next(iter(self._standby))
+        process, port = self._standby.pop(oldest)
+        _terminate(process)
+        return port
+
+    def _healthy(self, process: subprocess.Popen[bytes], port: int) -> bool:
+        if process.poll() is not None:
+            return False
+        try:
+            return httpx.get(f"{self._url(port)}/health", timeout=5).status_code == 200
+        except httpx.HTTPError:
+            return False
 
     def _start(self, config: SpecConfig, port: int) -> subprocess.Popen[bytes]:
         """A healthy engine process for `config` on `port`, or `EngineStartError`."""
@@ -190,6 +289,9 @@ class LocalEngine:
         process, self._process = self._process, None
         if process is not None:
             _terminate(process)
+        standby, self._standby = self._standby, {}
+        for waiting, _ in standby.values():
+            _terminate(waiting)
 
 
 def _terminate(process: subprocess.Popen[bytes]) -> None:

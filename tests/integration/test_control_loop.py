@@ -15,7 +15,7 @@ import pytest
 
 from specpilot.operator.loop import ControlLoop
 from specpilot.runtime.engines import LaunchSettings
-from specpilot.runtime.local_engine import LocalEngine
+from specpilot.runtime.local_engine import EngineStartError, LocalEngine
 from specpilot.tuner import SpecConfig, StepCost, TunerSettings, TunerState, acceptance_curve
 
 EMULATE = [
@@ -51,7 +51,7 @@ def free_port() -> int:
 def engine_factory(tmp_path: Path) -> Iterator:
     engines: list[LocalEngine] = []
 
-    def make(program: list[str], surge: bool = False) -> LocalEngine:
+    def make(program: list[str], surge: bool = False, standby: int = 0) -> LocalEngine:
         launch = LaunchSettings(
             model="/models/llama",
             served_model_name="llama",
@@ -67,6 +67,7 @@ def engine_factory(tmp_path: Path) -> Iterator:
             scrape_interval_s=0.25,
             log_dir=tmp_path,
             surge_port=free_port() if surge else None,
+            standby_ports=tuple(free_port() for _ in range(standby)),
         )
         engines.append(engine)
         return engine
@@ -196,3 +197,52 @@ def test_a_surge_that_fails_to_start_leaves_the_old_engine_serving(engine_factor
     # the rollback found its config still serving: no second start, no failed request
     assert engine._process is serving and engine.config == SpecConfig()
     assert engine.starts == 2 and engine.restarts == 1 and load.failed == 0
+
+
+def test_a_warm_pool_switches_without_a_start_and_keeps_the_engine_it_left(
+    engine_factory,
+) -> None:
+    """Prewarmed engines wait on their own ports: a switch moves `url` to the config's engine
+    (no start, no failed request), the engine left keeps running for the next switch back, and
+    a config outside the full pool takes the port of the standby served least recently."""
+    engine = engine_factory(EMULATE, standby=2)
+    engine.apply(SpecConfig())
+    first_url, first = engine.url, engine._process
+    engine.prewarm([SpecConfig(), EAGLE3[0], EAGLE3[1]])
+    assert engine.starts == 3 and engine.standby == (EAGLE3[0], EAGLE3[1])
+    load = Load(lambda: engine.url, users=2)
+    try:
+        time.sleep(1.0)
+        engine.apply(EAGLE3[0])
+        served_at_switch = load.served
+        time.sleep(1.0)
+        engine.apply(SpecConfig())
+        time.sleep(0.5)
+    finally:
+        load.stop()
+    assert load.failed == 0 and load.served > served_at_switch > 0
+    assert engine.starts == 3 and engine.restarts == 3  # two switches, no start
+    assert engine.url == first_url and engine._process is first and first.poll() is None
+    assert engine.standby == (EAGLE3[1], EAGLE3[0])  # EAGLE3[1] waited longest
+    oldest = engine._standby[EAGLE3[1]][0]
+    outside = SpecConfig(method="eagle3", num_speculative_tokens=5, draft_model="/d")
+    engine.apply(outside)
+    assert engine.starts == 4 and oldest.poll() is not None  # its port went to the new config
+    assert engine.standby == (EAGLE3[0], SpecConfig()) and engine.config == outside
+
+
+def test_a_pool_engine_that_died_is_refused_and_the_serving_one_stays(engine_factory) -> None:
+    engine = engine_factory(EMULATE, standby=1)
+    loop = make_loop(engine)
+    loop.start()
+    target = EAGLE3[0]
+    engine.prewarm([target])
+    serving, url = engine._process, engine.url
+    dead = engine._standby[target][0]
+    dead.kill()
+    dead.wait(timeout=10)
+    with pytest.raises(EngineStartError, match="stopped answering"):
+        engine.apply(target)
+    assert engine._process is serving and engine.url == url and engine.standby == ()
+    engine.apply(SpecConfig())  # the loop's rollback: nothing to do
+    assert engine.starts == 2 and engine.restarts == 1 and serving.poll() is None

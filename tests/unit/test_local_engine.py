@@ -45,3 +45,14 @@ def test_a_window_scrapes_a_third_as_often_as_its_length_unless_told() -> None:
     assert engine.window_reader(3.0).interval_s == pytest.approx(1.0)
     told = LocalEngine(engine="vllm", program=[], launch=launch, scrape_interval_s=0.25)
     assert told.window_reader(12.0).interval_s == 0.25
+
+
+def test_a_pool_refuses_a_surge_port_and_more_configs_than_ports() -> None:
+    launch = LaunchSettings(model="m", host="127.0.0.1", port=9)
+    with pytest.raises(ValueError, match="either a surge_port or standby_ports"):
+        LocalEngine(engine="vllm", program=[], launch=launch, surge_port=10, standby_ports=(11,))
+    pool = LocalEngine(engine="vllm", program=[], launch=launch, standby_ports=(11,))
+    configs = [SpecConfig(method="ngram", num_speculative_tokens=k) for k in (1, 3, 5)]
+    with pytest.raises(ValueError, match=r"2 free port\(s\) for 3 config\(s\)"):
+        pool.prewarm(configs)  # refused before anything starts
+    assert pool.starts == 0 and pool.standby == ()
