@@ -14,7 +14,9 @@ Acceptance is a posterior: `acceptance_curves()` and `acceptance_sd()` give each
 fitted chain (p, r) and the standard deviation of p, for every method, running or not. The
 running method's window moves the task weights first (by how far its length departs from its
 own estimate), then adds its counts (per position where the engine gives them, from the mean
-length otherwise); a method that is not running follows the task weights through its prior.
+length otherwise); a method that is not running follows the task weights through its prior. A
+window in which the running method proposed no draft is not counted: the method is marked
+(`no_drafts`) and accepts none until it drafts again or the policy re-tests it.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from __future__ import annotations
 import functools
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, TypeGuard
 
@@ -121,6 +123,15 @@ class TunerState:
     """Configs a trial's canary measured that the main replicas have not run since: the tuner
     reads their capacity one sd down (`TunerSettings.unproven`). Kept here so that an operator
     restart does not read them as measured on all the traffic."""
+    no_drafts: tuple[tuple[str, float], ...] = ()
+    """(method, when) per method whose latest window ran without proposing one draft (its
+    drafter found nothing to propose: n-gram on text it cannot match). Its acceptance is none
+    (length 1, `acceptance_curves`) until it drafts again or the policy re-tests it
+    (`policy.learn.retest_after_s`). The window is not folded into its counts, which keep what
+    it accepted on traffic it could match: that is what a re-test bets on. Folded in as
+    length 1, such windows kept n-gram predicted slower than no speculation after the traffic
+    turned greedy again (the last phase of bench/results/real_vllm.md at 9b462f5: 0.722 of
+    static K=5)."""
 
     @classmethod
     def initial(
@@ -154,16 +165,35 @@ class TunerState:
         return dict(zip(TASKS, self._mix(), strict=True))
 
     def acceptance_curves(self) -> dict[str, AcceptanceCurve]:
-        return {method: e.curve for method, e in self._estimates().items()}
+        """Each method's fitted chain; none accepted (p 0) for a method that drafted nothing."""
+        silent = dict(self.no_drafts)
+        return {
+            method: replace(e.curve, p=0.0) if method in silent else e.curve
+            for method, e in self._estimates().items()
+        }
 
     def acceptance_sd(self) -> dict[str, float]:
         """Standard deviation of each method's p: the posterior's at the first draft position
-        (the prior's spread until the method runs, shrinking with the drafts it measured)."""
-        return {method: e.p_sd for method, e in self._estimates().items()}
+        (the prior's spread until the method runs, shrinking with the drafts it measured); 0
+        for a method that drafted nothing (the engine counted no draft at all)."""
+        silent = dict(self.no_drafts)
+        return {
+            method: 0.0 if method in silent else e.p_sd for method, e in self._estimates().items()
+        }
+
+    def drafted_nothing_since(self, method: str) -> float | None:
+        """When `method` last ran a window without one draft, while that still holds."""
+        return dict(self.no_drafts).get(method)
+
+    def retest(self, methods: Collection[str]) -> TunerState:
+        """Forget that `methods` drafted nothing: their counts speak for them again."""
+        kept = tuple((m, t) for m, t in self.no_drafts if m not in methods)
+        return self if kept == self.no_drafts else replace(self, no_drafts=kept)
 
     def learn_acceptance(self, config: SpecConfig, obs: Observation, now: float) -> TunerState:
-        """Fold the running method's window into the task weights and its counts; the other
-        methods' counts fade a little."""
+        """Fold the running method's window into the task weights and its counts (a window
+        without one draft marks it instead, `no_drafts`); the other methods' counts fade a
+        little."""
         running = config.method if config.speculative else None
         state = self._fade_others(running)
         if running is None:
@@ -180,13 +210,14 @@ class TunerState:
         if drafts == 0.0 and generated >= NO_DRAFT_MIN_TOKENS:
             # The drafter found nothing to propose (n-gram on sampled text: vLLM's CPU build
             # at temperature 0.7 drafted not once in bench/results/real_vllm.md): every token
-            # came from a step of its own, as with an acceptance of none
-            length, survival = 1.0, None
-            window_drafts = min(generated, WINDOW_ESS)
-        elif drafts is not None and not (_finite(drafts) and drafts > 0):
+            # came from a step of its own, as with an acceptance of none, on traffic unlike
+            # the traffic its counts were measured on
+            silent = dict(state.no_drafts)
+            silent[running] = now
+            return replace(state, no_drafts=tuple(sorted(silent.items())))
+        if drafts is not None and not (_finite(drafts) and drafts > 0):
             return state  # nothing decoded, or a broken counter: nothing to learn
-        else:
-            window_drafts = drafts if drafts is not None else WINDOW_ESS
+        window_drafts = drafts if drafts is not None else WINDOW_ESS
         if survival is not None:
             accepted, trials = counts_from_survival(survival, window_drafts)
         elif length is not None and length >= 1.0:
@@ -200,7 +231,7 @@ class TunerState:
         support = dict(state.acceptance_support)
         support[running] = min(support.get(running, 0.0) + 1, MAX_ACCEPTANCE_SUPPORT)
         return replace(
-            state,
+            state.retest([running]),
             acceptance_counts=_pack(counts),
             acceptance_support=tuple(sorted(support.items())),
         )
@@ -351,6 +382,7 @@ class TunerState:
             "canary_only": [c.to_dict() for c in self.canary_only],
             "last_window_s": self.last_window_s,
             "forecast_shortfall": self.forecast_shortfall,
+            "no_drafts": [list(n) for n in self.no_drafts],
             "residuals": [
                 [r.config.to_dict(), r.log2_batch, r.mean, r.weight] for r in self.residuals
             ],
@@ -384,6 +416,7 @@ class TunerState:
             canary_only=tuple(SpecConfig.from_dict(c) for c in body.get("canary_only", [])),
             last_window_s=_optional_float(body.get("last_window_s")),
             forecast_shortfall=bool(body.get("forecast_shortfall", False)),
+            no_drafts=tuple((str(m), float(t)) for m, t in body.get("no_drafts", [])),
             residuals=tuple(
                 ResidualPoint(SpecConfig.from_dict(c), int(b), float(m), float(w))
                 for c, b, m, w in body["residuals"]

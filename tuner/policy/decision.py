@@ -92,6 +92,12 @@ def decide(
         f"batch {batch:.1f} ({running.regime}, {compared}"
         f"{acceptance_note(target, predicted.k, state, belief.acceptance)})"
     )
+    silent_since = dict(belief.retested).get(target.method)
+    if silent_since is not None:
+        reason += (
+            f"; re-testing {target.method}, which drafted nothing {now - silent_since:.0f}s "
+            "ago, on what it accepted before"
+        )
     speed_gain = proposal.gain if proposal.speed_gain is None else proposal.speed_gain
     restarts = (*recent_restarts(state, now), now)
     if proposal.for_capacity and current.speculative and target.method != current.method:

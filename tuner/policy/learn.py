@@ -12,14 +12,17 @@ than a window and a half since the tuner's last switch (a window that saw the sw
 the restart's downtime and refill) and one learned window before this one (a new engine's
 first loaded window is a cold engine's: `TunerState.last_window_s`), or from the first window
 when the tuner has not switched yet, and never from a window in which a speculative config
-drafted nothing (its speed is then a plain server's). `learn_trial(observation, config,
-state, settings, cost, now)` folds a trial's canary window the same way for the config it ran
-(acceptance and throughput residual; not the traffic, which the main replicas' windows
-measure) and says what it learned. Pure: `now` is the only clock.
+drafted nothing (its speed is then a plain server's). A method marked as having drafted
+nothing (`TunerState.no_drafts`) is re-tested, its counts speaking for it again, once
+`retest_after_s` has passed since; the belief names it (`Belief.retested`).
+`learn_trial(observation, config, state, settings, cost, now)` folds a trial's canary window
+the same way for the config it ran (acceptance and throughput residual; not the traffic,
+which the main replicas' windows measure) and says what it learned. Pure: `now` is the only clock.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from specpilot.tuner._model.acceptance import AcceptanceCurve
@@ -28,6 +31,7 @@ from specpilot.tuner._model.surrogate import Surrogate
 from specpilot.tuner.observation import Observation
 from specpilot.tuner.policy.ablation import average_acceptance, average_curves, average_sd
 from specpilot.tuner.policy.latency import offered_demand
+from specpilot.tuner.policy.proposal import trial_span_s
 from specpilot.tuner.policy.settings import TunerSettings
 from specpilot.tuner.spec_config import SpecConfig
 from specpilot.tuner.state import TunerState
@@ -48,6 +52,8 @@ class Belief:
     """Per-method acceptance: each posterior's fitted chain (p, r)."""
     surrogate: Surrogate
     """The physics prior corrected by the learned residuals, with the estimates' spread."""
+    retested: tuple[tuple[str, float], ...] = ()
+    """(method, when it drafted nothing) per method this window's belief re-tests."""
 
 
 def learn(
@@ -77,6 +83,8 @@ def learn(
         .learn_traffic(observation, settings.kv_capacity_tokens)
         .served(current, throughput)
     )
+    due = tuple((m, t) for m, t in state.no_drafts if now - t >= retest_after_s(settings))
+    state = state.retest([m for m, _ in due])
     context = state.context_tokens or settings.context_tokens
     prompt = state.prompt_tokens if settings.lumpy_prefill else 0.0
     acceptance = _curves(state, settings)
@@ -117,7 +125,21 @@ def learn(
         context=context,
         acceptance=acceptance,
         surrogate=surrogate,
+        retested=due,
     )
+
+
+def retest_after_s(settings: TunerSettings) -> float:
+    """How long after a method drafted nothing the tuner bets on its counts again.
+
+    Traffic is taken to change regime every `expected_dwell_s` on average. Re-testing every T
+    costs a trial's span (its window, and the restarts there and back) once per T, and a change
+    back to traffic the method can match is found T/2 late on average; with the loss while it
+    drafts nothing about the gain it makes when it can, the sum of the two is least at
+    T = sqrt(2 x dwell x span): with the defaults (900 s dwell, 300 s minimum dwell, 60 s
+    restarts) 869 s."""
+    span = trial_span_s(settings) + 2.0 * settings.restart_downtime_s
+    return math.sqrt(2.0 * settings.expected_dwell_s * span)
 
 
 def learn_trial(

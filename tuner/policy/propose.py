@@ -76,6 +76,8 @@ def acceptance_note(
     sd = state.acceptance_sd().get(config.method, 0.0)
     low, high = curve.length_range(k, sd)
     source = "measured" if config.method in dict(state.acceptance_support) else "prior"
+    if state.drafted_nothing_since(config.method) is not None:
+        source = "drafted nothing"
     return f", acceptance {curve.expected_length(k):.2f}+-{(high - low) / 2:.2f} ({source})"
 
 
