@@ -108,6 +108,24 @@ class Load:
             thread.join(timeout=35)
 
 
+def switch_under_load(
+    engine: LocalEngine, first: SpecConfig, second: SpecConfig
+) -> tuple[Load, int]:
+    """Two switches while two clients that read `url` per request keep the engine busy; (the
+    stopped load, requests served by the first switch)."""
+    load = Load(lambda: engine.url, users=2)
+    try:
+        time.sleep(1.0)
+        engine.apply(first)
+        served_at_switch = load.served
+        time.sleep(1.0)
+        engine.apply(second)
+        time.sleep(0.5)
+    finally:
+        load.stop()
+    return load, served_at_switch
+
+
 def make_loop(engine: LocalEngine) -> ControlLoop:
     settings = TunerSettings(
         candidates=(SpecConfig(), *EAGLE3),
@@ -167,15 +185,7 @@ def test_a_surge_switch_serves_throughout_and_retires_the_old_engine(engine_fact
     engine = engine_factory(EMULATE, surge=True)
     engine.apply(SpecConfig())
     first_url, first = engine.url, engine._process
-    load = Load(lambda: engine.url, users=2)
-    try:
-        time.sleep(1.0)
-        engine.apply(EAGLE3[0])
-        served_at_switch = load.served
-        time.sleep(1.0)
-        engine.apply(EAGLE3[1])
-    finally:
-        load.stop()
+    load, served_at_switch = switch_under_load(engine, EAGLE3[0], EAGLE3[1])
     assert load.failed == 0 and load.served > served_at_switch > 0
     assert first is not None and first.poll() is not None  # retired, not left running
     assert engine.url == first_url and engine.config == EAGLE3[1] and engine.restarts == 3
@@ -210,16 +220,7 @@ def test_a_warm_pool_switches_without_a_start_and_keeps_the_engine_it_left(
     first_url, first = engine.url, engine._process
     engine.prewarm([SpecConfig(), EAGLE3[0], EAGLE3[1]])
     assert engine.starts == 3 and engine.standby == (EAGLE3[0], EAGLE3[1])
-    load = Load(lambda: engine.url, users=2)
-    try:
-        time.sleep(1.0)
-        engine.apply(EAGLE3[0])
-        served_at_switch = load.served
-        time.sleep(1.0)
-        engine.apply(SpecConfig())
-        time.sleep(0.5)
-    finally:
-        load.stop()
+    load, served_at_switch = switch_under_load(engine, EAGLE3[0], SpecConfig())
     assert load.failed == 0 and load.served > served_at_switch > 0
     assert engine.starts == 3 and engine.restarts == 3  # two switches, no start
     assert engine.url == first_url and engine._process is first and first.poll() is None
