@@ -1,9 +1,11 @@
 """Does the client's concurrency reach the engine? Real vLLM (CPU build) at concurrency 1 and 32:
-the client's tokens/s beside the batch the engine itself ran, per thread-binding variant.
+the client's tokens/s beside the batch the engine itself ran, per server variant.
 
-Contract: per `--bind` variant (vLLM's `VLLM_CPU_OMP_THREADS_BIND`: `auto`, its default, puts
-the worker on one core and reserves the other for the API server; `nobind` leaves placement to
-the OS), one run starts one no-speculation vLLM server with bench/real_vllm.py's launch, warms
+Contract: per `--variant` (`mp-auto`: vLLM's CPU default, a worker process whose threads
+`VLLM_CPU_OMP_THREADS_BIND=auto` puts on one core, the other reserved for the API server, and an
+engine core that busy-waits on the worker; `mp-nobind`: the same, placement left to the OS;
+`uni`: bench/real_vllm.py's default `--executor`, the model run inside the engine-core process
+on one thread), one run starts one no-speculation vLLM server with bench/real_vllm.py's launch, warms
 it up and runs `--rounds` slots per concurrency of bench/real_engine.py's closed-loop streamed
 load. During each slot `LocalEngine.observe` reads one window, as SpecPilot's loop does: the
 engine's mean batch from its own inter-token-latency sums (`running_requests`) and the sampled
@@ -11,7 +13,7 @@ running gauge. At concurrency 32 a batch far below 32 means the requests wait in
 engine (the API server), not in it: a phase at that concurrency then measures the frontend as
 much as the engine. The batch/concurrency ratio per slot is the result; tokens/s are context.
 
-Run: HF_HUB_OFFLINE=1 .venv/bin/python bench/engine_batch.py   (~5 min on 2 cores, on a quiet
+Run: HF_HUB_OFFLINE=1 .venv/bin/python bench/engine_batch.py   (~7 min on 2 cores, on a quiet
 host). Writes bench/results/engine_batch.json and .md.
 """
 
@@ -44,7 +46,12 @@ from real_engine import (  # noqa: E402
 )
 from real_vllm import make_engine  # noqa: E402
 
-BINDS = ("auto", "nobind")
+VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
+    "mp-auto": ("mp", {"VLLM_CPU_OMP_THREADS_BIND": "auto"}),
+    "mp-nobind": ("mp", {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}),
+    "uni": ("uni", {}),
+}
+"""Variant: (bench/real_vllm.py's executor, environment on top of it)."""
 
 
 def observed_slot(engine: TimedEngine, phase: Phase, seconds: float) -> dict[str, Any]:
@@ -77,7 +84,7 @@ def markdown(report: dict[str, Any]) -> str:
         "own inter-token-latency sums (what SpecPilot's loop reads); batch per user = that over "
         "the client's concurrency (1 = every request the client holds is in the engine).",
         "",
-        "| bind | concurrency | tokens/s per slot | engine batch per slot "
+        "| server | concurrency | tokens/s per slot | engine batch per slot "
         "| batch per user, median |",
         "|---|---|---|---|---|",
     ]
@@ -85,7 +92,7 @@ def markdown(report: dict[str, Any]) -> str:
         for block in row["concurrencies"]:
             slots = block["slots"]
             lines.append(
-                f"| {row['bind']} | {block['concurrency']} | "
+                f"| {row['variant']} | {block['concurrency']} | "
                 + ", ".join(f"{s['tokens_per_s']:.0f}" for s in slots)
                 + " | "
                 + ", ".join(str(s["engine_batch"]) for s in slots)
@@ -99,7 +106,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=4, help="slots per concurrency")
     parser.add_argument("--slot-seconds", type=float, default=11.0)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
-    parser.add_argument("--bind", nargs="+", default=list(BINDS), choices=BINDS)
+    parser.add_argument("--variant", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     parser.add_argument("--port", type=int, default=8391)
     parser.add_argument("--out", type=Path, default=RESULTS / "engine_batch.json")
     ns = parser.parse_args()
@@ -110,10 +117,12 @@ def main() -> int:
         **probe_head("bench/engine_batch.py", started, ns.rounds, ns.slot_seconds),
         "variants": [],
     }
-    for bind in ns.bind:
-        engine = make_engine(ns.port, Path(tempfile.mkdtemp(prefix="engine-batch-")))
-        engine.env["VLLM_CPU_OMP_THREADS_BIND"] = bind
-        row: dict[str, Any] = {"bind": bind, "concurrencies": []}
+    for variant in ns.variant:
+        executor, env = VARIANTS[variant]
+        logs = Path(tempfile.mkdtemp(prefix="engine-batch-"))
+        engine = make_engine(ns.port, logs, executor=executor)
+        engine.env.update(env)
+        row: dict[str, Any] = {"variant": variant, "concurrencies": []}
         report["variants"].append(row)
         try:
             engine.apply(SpecConfig())
@@ -131,7 +140,7 @@ def main() -> int:
                         else None,
                     }
                 )
-                print(f"{bind} c{c}: {slots}", flush=True)
+                print(f"{variant} c{c}: {slots}", flush=True)
                 report["wall_min"] = (time.time() - started) / 60
                 write(report, ns.out, markdown)
         finally:

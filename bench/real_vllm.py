@@ -102,7 +102,24 @@ would override it, takes whole GiB only): 1 GiB holds 2,097,152 tokens of this m
 0.25 GiB one server's worker held 0.97 GB against 1.76."""
 
 
-def make_engine(port: int, log_dir: Path, kv_cache_gib: float = KV_CACHE_GIB) -> TimedEngine:
+EXECUTORS: dict[str, dict[str, str]] = {
+    "uni": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1"},
+    "mp": {},
+}
+"""How each server's engine core runs its model, as environment: `uni` keeps the worker inside
+the engine-core process on one OpenMP thread (the CPU platform switches vLLM's one-worker
+executor to `mp` unless VLLM_ENABLE_V1_MULTIPROCESSING is 0: vllm/platforms/cpu.py); `mp`
+is vLLM's CPU default, a worker process bound to one core whose engine core busy-waits on the
+shared-memory queue for every step's output (SpinCondition, vllm/distributed/device_communicators
+/shm_broadcast.py), which on 2 cores leaves the API server and the clients most of one core.
+Measured on one no-speculation server, 11 s slots at concurrency 32 (a scratch probe before
+bench/engine_batch.py's `uni` variant): `mp` 865-1754 tokens/s with the engine core at 7.7-8.5
+CPU seconds per slot, `uni` 6422-7684; at concurrency 1, 675-766 against 742-750."""
+
+
+def make_engine(
+    port: int, log_dir: Path, kv_cache_gib: float = KV_CACHE_GIB, executor: str = "uni"
+) -> TimedEngine:
     launch = LaunchSettings(
         model=str(MODEL),
         served_model_name=SERVED,
@@ -122,6 +139,7 @@ def make_engine(port: int, log_dir: Path, kv_cache_gib: float = KV_CACHE_GIB) ->
         **{k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"},
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
+        **EXECUTORS[executor],
     }
     log_dir.mkdir(parents=True, exist_ok=True)
     return TimedEngine(
@@ -139,6 +157,7 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         *provenance_lines(report),
         f"Started {report['started_utc']}, {report['wall_min']:.1f} min wall; {report['machine']}.",
+        *executor_lines(report),
         "",
         "All policies ran in this one run, on the same shared 2-core machine (other agents' jobs "
         "ran beside it), each on its own vLLM server, all servers up at once and loaded one at a "
@@ -174,6 +193,15 @@ def markdown(report: dict[str, Any]) -> str:
     lines += overall_line(report)
     lines += tail_lines(report)
     return "\n".join(lines) + "\n"
+
+
+def executor_lines(report: dict[str, Any]) -> list[str]:
+    """How the servers ran their model (absent from runs before `--executor`: vLLM's `mp`)."""
+    executor = report.get("executor")
+    if executor is None:
+        return []
+    env = ", ".join(f"{k}={v}" for k, v in EXECUTORS[executor].items()) or "vLLM's defaults"
+    return [f"Every server on the `{executor}` executor ({env}): see `--executor`."]
 
 
 SPEC_LOG = re.compile(
@@ -224,7 +252,7 @@ def plan_for(ns: argparse.Namespace, argv: Sequence[str]) -> Plan:
 
     return Plan(
         engine_label="vLLM CPU",
-        make_engine=partial(make_engine, kv_cache_gib=ns.kv_cache_gib),
+        make_engine=partial(make_engine, kv_cache_gib=ns.kv_cache_gib, executor=ns.executor),
         statics=with_twin(statics),
         candidates=(
             SpecConfig(),
@@ -239,6 +267,7 @@ def plan_for(ns: argparse.Namespace, argv: Sequence[str]) -> Plan:
             "started_utc": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)),
             "machine": f"{os.cpu_count()} CPUs ({platform.machine()}, shared), vLLM 0.32 CPU "
             f"build, model {MODEL.relative_to(ROOT)}",
+            "executor": ns.executor,
         },
         after_phase=after_phase,
         settings_overrides={"max_batch": MAX_NUM_SEQS},
@@ -272,6 +301,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=KV_CACHE_GIB,
         help="KV cache of every server (GiB, --kv-cache-memory-bytes); a pool run's eleven "
         "servers at the default 1 would not fit this host's 24 GB",
+    )
+    parser.add_argument(
+        "--executor",
+        choices=sorted(EXECUTORS),
+        default="uni",
+        help="uni (default): each server's model runs in its engine-core process on one thread; "
+        "mp: vLLM's CPU default, a worker process the engine core busy-waits on, which on 2 "
+        "cores starves the API server at concurrency 32 (bench/results/engine_batch.md)",
     )
     return main_for(plan_for, parser, len(PHASES), argv, "bench/real_vllm.py", TYPICAL_START_S)
 
