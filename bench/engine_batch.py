@@ -3,17 +3,18 @@ the client's tokens/s beside the batch the engine itself ran, per server variant
 
 Contract: per `--variant` (`mp-auto`: vLLM's CPU default, a worker process whose threads
 `VLLM_CPU_OMP_THREADS_BIND=auto` puts on one core, the other reserved for the API server, and an
-engine core that busy-waits on the worker; `mp-nobind`: the same, placement left to the OS;
-`uni`: bench/real_vllm.py's default `--executor`, the model run inside the engine-core process
-on one thread), one run starts one no-speculation vLLM server with bench/real_vllm.py's launch, warms
-it up and runs `--rounds` slots per concurrency of bench/real_engine.py's closed-loop streamed
-load. During each slot `LocalEngine.observe` reads one window, as SpecPilot's loop does: the
-engine's mean batch from its own inter-token-latency sums (`running_requests`) and the sampled
+engine core that busy-waits on the worker; `mp-nobind`: the same, placement left to the OS; `uni`:
+bench/real_vllm.py's default `--executor`, the model run inside the engine-core process on one
+thread; `uni-ngram5`: the same serving ngram K=5, whose drafter runs on numba, and `-numba2` the
+same with numba's default two threads), one run starts one vLLM server with bench/real_vllm.py's
+launch, warms it up and runs `--rounds` slots per concurrency of bench/real_engine.py's closed-loop
+streamed load. During each slot `LocalEngine.observe` reads one window, as SpecPilot's loop does:
+the engine's mean batch from its own inter-token-latency sums (`running_requests`) and the sampled
 running gauge. At concurrency 32 a batch far below 32 means the requests wait in front of the
-engine (the API server), not in it: a phase at that concurrency then measures the frontend as
-much as the engine. The batch/concurrency ratio per slot is the result; tokens/s are context.
+engine (the API server), not in it: a phase at that concurrency then measures the frontend as much
+as the engine. The batch/concurrency ratio per slot is the result; tokens/s are context.
 
-Run: HF_HUB_OFFLINE=1 .venv/bin/python bench/engine_batch.py   (~7 min on 2 cores, on a quiet
+Run: HF_HUB_OFFLINE=1 .venv/bin/python bench/engine_batch.py   (~10 min on 2 cores, on a quiet
 host). Writes bench/results/engine_batch.json and .md.
 """
 
@@ -46,12 +47,15 @@ from real_engine import (  # noqa: E402
 )
 from real_vllm import make_engine  # noqa: E402
 
-VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
-    "mp-auto": ("mp", {"VLLM_CPU_OMP_THREADS_BIND": "auto"}),
-    "mp-nobind": ("mp", {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}),
-    "uni": ("uni", {}),
+NGRAM_K5 = SpecConfig(method="ngram", num_speculative_tokens=5)
+VARIANTS: dict[str, tuple[str, dict[str, str], SpecConfig]] = {
+    "mp-auto": ("mp", {"VLLM_CPU_OMP_THREADS_BIND": "auto"}, SpecConfig()),
+    "mp-nobind": ("mp", {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}, SpecConfig()),
+    "uni": ("uni", {}, SpecConfig()),
+    "uni-ngram5": ("uni", {}, NGRAM_K5),
+    "uni-ngram5-numba2": ("uni", {"NUMBA_NUM_THREADS": "2"}, NGRAM_K5),
 }
-"""Variant: (bench/real_vllm.py's executor, environment on top of it)."""
+"""Variant: (bench/real_vllm.py's executor, environment on top of it, the config served)."""
 
 
 def observed_slot(engine: TimedEngine, phase: Phase, seconds: float) -> dict[str, Any]:
@@ -77,9 +81,7 @@ def observed_slot(engine: TimedEngine, phase: Phase, seconds: float) -> dict[str
 
 def markdown(report: dict[str, Any]) -> str:
     lines = [
-        *probe_markdown_head(
-            report, "Does the client's concurrency reach the engine? (real vLLM, no speculation)"
-        ),
+        *probe_markdown_head(report, "Does the client's concurrency reach the engine? (real vLLM)"),
         "Engine batch: the mean running requests over one window inside each slot, from vLLM's "
         "own inter-token-latency sums (what SpecPilot's loop reads); batch per user = that over "
         "the client's concurrency (1 = every request the client holds is in the engine).",
@@ -118,14 +120,14 @@ def main() -> int:
         "variants": [],
     }
     for variant in ns.variant:
-        executor, env = VARIANTS[variant]
+        executor, env, config = VARIANTS[variant]
         logs = Path(tempfile.mkdtemp(prefix="engine-batch-"))
         engine = make_engine(ns.port, logs, executor=executor)
         engine.env.update(env)
         row: dict[str, Any] = {"variant": variant, "concurrencies": []}
         report["variants"].append(row)
         try:
-            engine.apply(SpecConfig())
+            engine.apply(config)
             warm_up(engine.url)
             for c in ns.concurrency:
                 phase = Phase(f"c{c} greedy", c, 0.0)

@@ -103,18 +103,22 @@ would override it, takes whole GiB only): 1 GiB holds 2,097,152 tokens of this m
 
 
 EXECUTORS: dict[str, dict[str, str]] = {
-    "uni": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1"},
+    "uni": {
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "OMP_NUM_THREADS": "1",
+        "NUMBA_NUM_THREADS": "1",
+    },
     "mp": {},
 }
 """How each server's engine core runs its model, as environment: `uni` keeps the worker inside
 the engine-core process on one OpenMP thread (the CPU platform switches vLLM's one-worker
-executor to `mp` unless VLLM_ENABLE_V1_MULTIPROCESSING is 0: vllm/platforms/cpu.py); `mp`
-is vLLM's CPU default, a worker process bound to one core whose engine core busy-waits on the
-shared-memory queue for every step's output (SpinCondition, vllm/distributed/device_communicators
-/shm_broadcast.py), which on 2 cores leaves the API server and the clients most of one core.
-Measured on one no-speculation server, 11 s slots at concurrency 32 (a scratch probe before
-bench/engine_batch.py's `uni` variant): `mp` 865-1754 tokens/s with the engine core at 7.7-8.5
-CPU seconds per slot, `uni` 6422-7684; at concurrency 1, 675-766 against 742-750."""
+executor to `mp` unless VLLM_ENABLE_V1_MULTIPROCESSING is 0: vllm/platforms/cpu.py) and the
+n-gram drafter's numba on one thread (with two, the second spins on the core the API server
+and the clients need); `mp` is vLLM's CPU default, a worker process bound to one core whose
+engine core busy-waits on the shared-memory queue for every step's output (SpinCondition in
+vllm/distributed/device_communicators/shm_broadcast.py): on 2 cores that leaves the API server
+and the clients a fraction of one core, and a concurrency-32 phase measured the frontend
+(bench/results/engine_batch.md, which measures each variant)."""
 
 
 def make_engine(
