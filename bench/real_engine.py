@@ -353,8 +353,10 @@ def prefill_slope(
     so that what every request pays (HTTP, scheduling, the one sampled token) cancels. Each
     prompt is fresh random token ids, so prefix caching cannot serve any of it. Prefill stands in
     for a verify step's drafts (more positions of a sequence already in the step), and
-    underprices them on the vLLM CPU server: 0.232 ms on a quiet host where ngram K=5's steps
-    implied 0.739 (results/real_vllm_calibrate_only.json). (the
+    underprices them on the vLLM CPU server: 0.009 ms (results/real_vllm_calibrate_only.json at
+    a3ab795) where ngram K=5's steps at concurrency 1 greedy implied 0.461 (results/real_vllm.md
+    at 1f96d7e: 1364.08 tokens/s at acceptance 4.912 against no speculation's 772.32, the
+    difference of step times over 5 drafts). (the
     slope, clamped at 0; the medians in ms for the report)"""
     short, long, requests = probe
     rng = random.Random(seed)

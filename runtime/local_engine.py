@@ -66,9 +66,9 @@ class LocalEngine:
     scrape_interval_s: float | None = None
     """Seconds between scrapes inside a window; None: LOCAL_ROUNDS rounds a window
     (`round_interval`). On a CPU server a scrape is a /metrics render on the cores that serve:
-    at concurrency 32 on 2 cores, tokens/s with a scraper every 1 s was 0.776 of no scraper's
-    (median of 8 rounds), every 3.3 s 0.947 (bench/results/scrape_cost.md at 730f23f; a
-    4-round run at 1bc7b68 read 1.319 and 1.118: the slots' noise is of that size)."""
+    at concurrency 32 on 2 cores, tokens/s with a scraper every 1 s read 1.072 of no scraper's
+    and every 3.3 s 0.945 (medians of 8 rounds whose single ratios spread 0.85-1.14:
+    bench/results/scrape_cost.md at a3ab795, on bench/real_vllm.py's servers)."""
     log_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="specpilot-")))
     surge_port: int | None = None
     """The second port of a switch without downtime (module docstring); None: a switch stops

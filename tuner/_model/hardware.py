@@ -9,11 +9,12 @@ per second at several concurrencies) prices each sequence's first token, which c
 per-sequence work (sampling, scheduling, its own attention); the tokens a sequence adds beyond
 its first (verified drafts, prompt tokens) may cost less, and `per_extra_token_s` prices them
 when it was measured (bench/real_engine.py's calibration prices it by prefill, a proxy that
-underprices a verify step there: on a quiet host it read 0.232 ms where ngram K=5's steps
-implied 0.739, bench/results/real_vllm_calibrate_only.json). On the vLLM CPU server with the
-tiny model, given the acceptance it measured, the decode-only fit predicted 591 tok/s for ngram
+underprices a verify step there: it read 0.009 ms, bench/results/real_vllm_calibrate_only.json,
+where ngram K=5's steps implied 0.461, bench/results/real_vllm.md at 1f96d7e). In an older run
+(d4afe97's, replayed by bench/results/real_vllm_what_if.md, its servers on vLLM's multiprocess
+executor), given the acceptance it measured, the decode-only fit predicted 591 tok/s for ngram
 K=5 where the run served 967, and no speculation best; priced apart at the price those runs
-imply, 896 (bench/results/real_vllm_what_if.md).
+imply, 896.
 
 `roofline()` derives the model from a GPU and a model profile: overhead + blend(weight
 streaming, compute) + KV reads, where the blend bends from memory-bound to compute-bound at the
