@@ -27,7 +27,7 @@ through `StepCost.from_fit` as `specpilot run --step-time-fit` does: the GPU cat
 says nothing about a CPU. The harness (slots, calibration, the loop, the report) is shared with
 bench/real_sglang.py in bench/real_engine.py.
 
-Run: HF_HUB_OFFLINE=1 .venv/bin/python bench/real_vllm.py   (~40 min on 2 shared cores)
+Run: HF_HUB_OFFLINE=1 .venv/bin/python bench/real_vllm.py   (~26 min on 2 shared cores)
 Writes bench/results/real_vllm.json and .md after every phase, so a cut run keeps its part.
 `--dry-run` prints the plan and starts nothing; `--phases N` runs the first N phases.
 """
@@ -90,16 +90,17 @@ CALIBRATION_CONCURRENCY = (1, 4, 16, 32)
 MAX_NUM_SEQS = 32
 """vLLM's --max-num-seqs on every server here; the tuner is told it (TunerSettings.max_batch,
 256 unless told), so its capacity reads stop where the engine's do."""
-TYPICAL_START_S = 150.0
-"""A vLLM CPU start on the shared host (real_vllm.json: 107-186 s); only --dry-run uses it."""
+TYPICAL_START_S = 30.0
+"""A vLLM CPU start on the shared host (real_vllm.json at 1f96d7e: 25.9-30.5 s to healthy);
+only --dry-run uses it."""
 
 
 KV_CACHE_GIB = 1.0
 """Each server's KV cache (`--kv-cache-memory-bytes`, in GiB; VLLM_CPU_KVCACHE_SPACE, which
 would override it, takes whole GiB only): 1 GiB holds 2,097,152 tokens of this model
-(vLLM's log), far beyond 32 requests of 1024. Each server here holds about 2.1 GB of RAM
-(`free` with four up: 10.3 GB used against 1.9 idle), so eleven (a pool run) need less: at
-0.25 GiB one server's worker held 0.97 GB against 1.76."""
+(vLLM's log), far beyond 32 requests of 1024. On `--executor mp` each server held about 2.1 GB
+of RAM (`free` with four up: 10.3 GB used against 1.9 idle), so eleven (a pool run) need less:
+at 0.25 GiB one server's worker held 0.97 GB against 1.76."""
 
 
 EXECUTORS: dict[str, dict[str, str]] = {

@@ -131,6 +131,36 @@ def test_real_vllm_dry_run_keeps_its_policies_and_profile(
     assert (told["objective"], told["switch"]) == ("latency", "surge")
 
 
+ONE_THREAD = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "OMP_NUM_THREADS": "1",
+    "NUMBA_NUM_THREADS": "1",
+}
+
+
+def test_real_vllm_servers_run_their_model_on_one_thread_unless_told_mp(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM's CPU default (a worker process the engine core busy-waits on, numba on two
+    threads) starved the API server at concurrency 32 (bench/results/engine_batch.md): every
+    server of the bench starts without it unless told `--executor mp`, and the report says
+    which."""
+    for name in ONE_THREAD:
+        monkeypatch.delenv(name, raising=False)
+    plan = _dry_run("real_vllm.py", ["--log-dir", str(tmp_path)], capsys)
+    assert plan["executor"] == "uni"
+    assert all(ONE_THREAD.items() <= server["env"].items() for server in plan["servers"])
+    told = _dry_run("real_vllm.py", ["--log-dir", str(tmp_path), "--executor", "mp"], capsys)
+    assert told["executor"] == "mp"
+    assert not any(set(ONE_THREAD) & set(server["env"]) for server in told["servers"])
+    lines = _load("real_vllm.py").executor_lines
+    assert lines({"executor": "uni"}) == [
+        "Every server on the `uni` executor (VLLM_ENABLE_V1_MULTIPROCESSING=0, OMP_NUM_THREADS=1,"
+        " NUMBA_NUM_THREADS=1): see `--executor`."
+    ]
+    assert lines({}) == []  # a report from before the option: vLLM's default, said elsewhere
+
+
 def test_real_vllm_markdown_still_renders_the_committed_result() -> None:
     """The refactor onto the shared harness left the vLLM report's Markdown as it was."""
     report = json.loads((RESULTS / "real_vllm.json").read_text())
