@@ -43,6 +43,7 @@ from specpilot.tuner import (
     p_for_length,
 )
 from specpilot.tuner._model.surrogate import Surrogate
+from specpilot.tuner.policy.settings import DEFAULT_MAX_BATCH
 from specpilot.tuner.priors import PRIOR_P_SD
 
 BENCH = str(Path(__file__).resolve().parent)
@@ -55,6 +56,11 @@ from real_engine import RESULTS, ROOT, git_commit  # noqa: E402
 def ngram(k: int) -> SpecConfig:
     """ngram at K; K = 0 is no speculation."""
     return SpecConfig(method="ngram", num_speculative_tokens=k) if k else SpecConfig()
+
+
+def run_max_batch(run: dict[str, Any]) -> int:
+    """The batch limit the run told its tuner (runs before it was recorded: the library's)."""
+    return int(run["specpilot"]["settings"].get("max_batch", DEFAULT_MAX_BATCH))
 
 
 def measured_step_ms(tok_s: float, length: float) -> float:
@@ -92,6 +98,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         {**fit, "per_extra_token_s": per_extra_ms * 1e-3}, source="extra tokens priced apart"
     )
     chat = {"ngram": acceptance_curve("ngram", "chat")}
+    max_batch = run_max_batch(run)
+    capacity_batches = [b for b in (2 ** (i / 2) for i in range(17)) if b <= max_batch]
     rows: list[dict[str, Any]] = []
     for phase in greedy_c1:
         name = phase["name"]
@@ -111,8 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     surrogate = Surrogate(cost, acceptance)
                     predicted = surrogate.prior(config, batch, 0.0)
                     capacity = max(
-                        surrogate.prior(config, 2 ** (i / 2), 0.0).tokens_per_s
-                        for i in range(17)  # batches 1 to 256, the run's max_batch
+                        surrogate.prior(config, b, 0.0).tokens_per_s for b in capacity_batches
                     )
                     rows.append(
                         {
@@ -125,9 +132,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                             "measured_tok_s": measured[policy],
                         }
                     )
+    # A phase whose first tick ran speculation (the tuner had moved already) has no "speculation
+    # off" tick to replay.
+    replayed = [p["name"] for p in greedy_c1 if _first_tick(run, p["name"]) is not None]
     decisions = [
-        decision_row(run, phase["name"], label, model, prior_label, ngram_ks)
-        for phase in greedy_c1
+        decision_row(run, phase, label, model, prior_label, ngram_ks)
+        for phase in replayed
         for label, model in (("decode-only fit", decode_only), ("extra tokens priced", priced))
         for prior_label in ("chat prior", "measured acceptance")
     ]
@@ -136,7 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for sd in (float(text) for text in ns.ngram_p_sd.split(",") if text):
             PRIOR_P_SD["ngram"] = sd
             for label, model in (("decode-only fit", decode_only), ("extra tokens priced", priced)):
-                row = decision_row(run, greedy_c1[0]["name"], label, model, "chat prior", ngram_ks)
+                row = decision_row(run, replayed[0], label, model, "chat prior", ngram_ks)
                 decisions.append({**row, "acceptance": f"chat prior, ngram p sd {sd}"})
     finally:
         PRIOR_P_SD["ngram"] = published_sd
@@ -150,6 +160,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             "commit": run.get("commit"),
             "command": run.get("command"),
         },
+        "max_batch": max_batch,
+        "decide_settings": {
+            "objective": run["specpilot"]["settings"].get("objective", "latency"),
+            "exploration": 0.0,
+        },
         "per_extra_token_ms": round(per_extra_ms, 4),
         "per_extra_token_source": (
             f"implied by the run's ngram K={k_top} and none servers in '{first}'"
@@ -158,6 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ),
         "rows": rows,
         "decisions": decisions,
+        "phases_not_replayed": [p["name"] for p in greedy_c1 if p["name"] not in replayed],
     }
     out = Path(ns.out)
     out.write_text(json.dumps(report, indent=1) + "\n")
@@ -175,10 +191,16 @@ def decision_row(
     ks: list[int],
 ) -> dict[str, Any]:
     """`decide` on SpecPilot's first tick of `phase`, as the run's loop saw it."""
-    tick = next(t for t in run["specpilot"]["ticks"] if t["phase"] == phase)
+    tick = _first_tick(run, phase)
+    assert tick is not None, f"{phase}: SpecPilot's first tick ran speculation"
     chosen = run["specpilot"]["settings"]
+    # As the run's loop decided: its objective and batch limit, and no trials (the control loop
+    # sets exploration to 0 for an actuator without a canary: operator/loop.py).
     settings = TunerSettings(
         candidates=tuple(ngram(k) for k in [0, *ks]),
+        objective=chosen.get("objective", "latency"),
+        max_batch=run_max_batch(run),
+        exploration=0.0,
         min_dwell_s=chosen["min_dwell_s"],
         restart_budget_per_hour=chosen["restart_budget_per_hour"],
         restart_downtime_s=chosen["restart_downtime_s"],
@@ -233,7 +255,8 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         f"Extra-token price: {report['per_extra_token_ms']} ms "
         f"({report['per_extra_token_source']}). Predictions are `Surrogate.prior` at batch 1, no "
-        "residual learned; capacity is the prior's most tokens/s over batches 1 to 256 (the "
+        "residual learned; capacity is the prior's most tokens/s over batches 1 to the run's "
+        f"max_batch ({report['max_batch']}) (the "
         "latency objective prices a config whose capacity is below the demand, 1.2x with its "
         "margin, as overloaded); measured is the run's tokens/s for that static config in that "
         "phase at concurrency 1.",
@@ -251,6 +274,11 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         "## What `decide` does on SpecPilot's first tick of the phase",
         "",
+        f"Under the run's settings (objective {report['decide_settings']['objective']}, no "
+        "trials: the control loop sets exploration to 0 for an actuator without a canary). "
+        "Not replayed (SpecPilot's first tick there ran speculation): "
+        f"{', '.join(report['phases_not_replayed']) or 'none'}.",
+        "",
         "| phase | step cost | acceptance | batch | tok/s | action -> config | reason |",
         "|---|---|---|---|---|---|---|",
     ]
@@ -260,6 +288,12 @@ def markdown(report: dict[str, Any]) -> str:
             f"{d['tokens_per_s']} | {d['action']} -> {d['config']} | {d['reason']} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _first_tick(run: dict[str, Any], phase: str) -> dict[str, Any] | None:
+    """SpecPilot's first tick of `phase` when it ran with speculation off, else None."""
+    tick = next(t for t in run["specpilot"]["ticks"] if t["phase"] == phase)
+    return tick if tick.get("running_config", "no speculation") == "no speculation" else None
 
 
 def _phase(policy: dict[str, Any], name: str) -> dict[str, Any]:

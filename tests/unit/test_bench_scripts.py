@@ -168,6 +168,29 @@ def test_real_vllm_markdown_still_renders_the_committed_result() -> None:
     assert markdown == (RESULTS / "real_vllm.md").read_text()
 
 
+def test_what_if_replays_the_first_decision_the_real_run_made(tmp_path: Path) -> None:
+    """Under the run's own cost model (its decode-only fit) and the chat prior, the what-if's
+    `decide` is the decision the run's loop made on its first tick (same objective, no trials),
+    and a phase whose first tick already ran speculation is not replayed as if it were off."""
+    out = tmp_path / "what_if.json"
+    assert _load("real_vllm_what_if.py").main(["--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    run = json.loads((RESULTS / "real_vllm.json").read_text())
+    first = run["specpilot"]["ticks"][0]
+    replayed = next(
+        d
+        for d in report["decisions"]
+        if d["phase"] == first["phase"]
+        and d["cost"] == "decode-only fit"
+        and d["acceptance"] == "chat prior"
+    )
+    assert (replayed["config"], replayed["reason"]) == (first["config"], first["reason"])
+    for phase in report["phases_not_replayed"]:
+        tick = next(t for t in run["specpilot"]["ticks"] if t["phase"] == phase)
+        assert tick["running_config"] != "no speculation"
+        assert all(d["phase"] != phase for d in report["decisions"])
+
+
 @pytest.mark.parametrize("script", ["real_sglang.py", "real_vllm.py"])
 @pytest.mark.parametrize(
     ("args", "named"),

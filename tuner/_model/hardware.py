@@ -10,11 +10,10 @@ per-sequence work (sampling, scheduling, its own attention); the tokens a sequen
 its first (verified drafts, prompt tokens) may cost less, and `per_extra_token_s` prices them
 when it was measured (bench/real_engine.py's calibration prices it by prefill, a proxy that
 underprices a verify step there: it read 0.009 ms, bench/results/real_vllm_calibrate_only.json,
-where ngram K=5's steps implied 0.461, bench/results/real_vllm.md at 1f96d7e). In an older run
-(d4afe97's, replayed by bench/results/real_vllm_what_if.md, its servers on vLLM's multiprocess
-executor), given the acceptance it measured, the decode-only fit predicted 591 tok/s for ngram
-K=5 where the run served 967, and no speculation best; priced apart at the price those runs
-imply, 896.
+where ngram K=5's steps implied 0.461, bench/results/real_vllm.md at 1f96d7e). On that run
+(replayed by bench/results/real_vllm_what_if.md), given the acceptance it measured, the
+decode-only fit predicted 3730 tok/s for ngram K=5 at batch 1 where the run served 1364;
+priced apart at 0.461 ms, 1301.
 
 `roofline()` derives the model from a GPU and a model profile: overhead + blend(weight
 streaming, compute) + KV reads, where the blend bends from memory-bound to compute-bound at the
