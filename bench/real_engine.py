@@ -704,9 +704,11 @@ class Plan:
 def pilot_overrides(plan: Plan, switch: str) -> dict[str, Any]:
     """The TunerSettings fields SpecPilot runs under beyond the defaults: the plan's, and with a
     pool no synthesised schedules (a config outside the pool would start beside the serving
-    server, and on 2 cores such a start stalled for minutes: see `--switch`)."""
+    server, and on 2 cores such a start stalled for minutes: see `--switch`) and warm switches
+    (the pool's servers were up and warmed before the load: the first window after a move
+    measures the config)."""
     if switch == "pool":
-        return {**plan.settings_overrides, "synthesize_schedules": False}
+        return {**plan.settings_overrides, "synthesize_schedules": False, "warm_switches": True}
     return dict(plan.settings_overrides)
 
 

@@ -129,6 +129,14 @@ def test_real_vllm_dry_run_keeps_its_policies_and_profile(
         capsys,
     )
     assert (told["objective"], told["switch"]) == ("latency", "surge")
+    assert told["tuner_settings_overrides"] == {"max_batch": 32}
+    # a pool's servers are up and warm before the load: a move's first window is the config's
+    pool = _dry_run("real_vllm.py", ["--log-dir", str(tmp_path), "--switch", "pool"], capsys)
+    assert pool["tuner_settings_overrides"] == {
+        "max_batch": 32,
+        "synthesize_schedules": False,
+        "warm_switches": True,
+    }
 
 
 ONE_THREAD = {

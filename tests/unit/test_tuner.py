@@ -370,6 +370,31 @@ def test_a_new_engines_first_window_is_not_learned_as_its_speed() -> None:
     assert again.last_window_s == 630.0
 
 
+def test_a_switch_onto_a_warm_engine_is_learned_from_the_first_window_wholly_after_it() -> None:
+    """In the real vLLM bench's pool (one warm server per candidate) the first window after the
+    move to ngram K=5 served 1324.7 tok/s where the tuner predicted 3009.6, and the load changed
+    before a second window came, so K=5's speed there was never learned. With warm switches
+    the first window that began after the switch teaches speed; one that straddles it (the
+    old config served part of it) does not; and a restart still waits for the second."""
+    ngram = SpecConfig(method="ngram", num_speculative_tokens=5)
+    switched = replace(TunerState.initial(ngram, 600.0, PRIORS), restarts=(600.0,))
+    slow = physics_observation(ngram, 1.0)
+    slow = replace(slow, generation_tokens_per_s=slow.generation_tokens_per_s / 2)
+    window = slow.window_s
+    warm = TunerSettings(candidates=CANDIDATES, warm_switches=True)
+    cold = TunerSettings(candidates=CANDIDATES)
+
+    straddling = learn(slow, switched, warm, COST, now=600.0 + window / 2)
+    after = learn(slow, switched, warm, COST, now=600.0 + window)
+    restarted = learn(slow, switched, cold, COST, now=600.0 + 2 * window)
+    assert not isinstance(straddling, str) and not isinstance(after, str)
+    assert not isinstance(restarted, str)
+    assert straddling.state.residuals == ()
+    residual = {r.config: r.mean for r in after.state.residuals}[ngram]
+    assert residual == pytest.approx(-0.693, abs=0.01)  # log(1/2)
+    assert restarted.state.residuals == ()
+
+
 def test_a_window_that_drafted_nothing_teaches_acceptance_not_speed() -> None:
     """vLLM's n-gram K=5 at temperature 0.7 proposed no draft for a whole phase and ran at a
     plain server's speed (bench/results/real_vllm.md at 8e4f5b7). Learned as n-gram's speed,

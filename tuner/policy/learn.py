@@ -11,8 +11,9 @@ learns the residual of measured over prior throughput, once the running config h
 than a window and a half since the tuner's last switch (a window that saw the switch also saw
 the restart's downtime and refill) and one learned window before this one (a new engine's
 first loaded window is a cold engine's: `TunerState.last_window_s`), or from the first window
-when the tuner has not switched yet, and never from a window in which a speculative config
-drafted nothing (its speed is then a plain server's). A method marked as having drafted
+wholly after a switch onto a warm engine (`TunerSettings.warm_switches`), or from the first
+window when the tuner has not switched yet, and never from a window in which a speculative
+config drafted nothing (its speed is then a plain server's). A method marked as having drafted
 nothing (`TunerState.no_drafts`) is re-tested, its counts speaking for it again, once
 `retest_after_s` has passed since; the belief names it (`Belief.retested`).
 `learn_trial(observation, config, state, settings, cost, now)` folds a trial's canary window
@@ -88,12 +89,8 @@ def learn(
     context = state.context_tokens or settings.context_tokens
     prompt = state.prompt_tokens if settings.lumpy_prefill else 0.0
     acceptance = _curves(state, settings)
-    if not _drafted_nothing(current, observation) and (
-        not state.restarts
-        or (
-            _served_a_window_since_switch(state)
-            and now - state.since_s > 1.5 * observation.window_s
-        )
+    if not _drafted_nothing(current, observation) and _measures_speed(
+        state, settings, observation.window_s, now
     ):
         # A window that saw a switch also saw the restart's downtime and refill, and the first
         # window a new engine serves is a cold one's (on the real vLLM CPU server, 326 tok/s
@@ -192,6 +189,20 @@ def _drafted_nothing(config: SpecConfig, observation: Observation) -> bool:
         and observation.drafts == 0.0
         and config.k_for_batch(max(1, round(batch))) > 0
     )
+
+
+def _measures_speed(
+    state: TunerState, settings: TunerSettings, window_s: float, now: float
+) -> bool:
+    """Whether the window ending `now` measures the running config's speed: the config the
+    deployment started with, any window; after a switch onto a warm engine
+    (`TunerSettings.warm_switches`), a window wholly after it; after a restart, a window more
+    than a window and a half after it and after one learned window (the cold engine's)."""
+    if not state.restarts:
+        return True
+    if settings.warm_switches:
+        return now - window_s >= state.since_s
+    return _served_a_window_since_switch(state) and now - state.since_s > 1.5 * window_s
 
 
 def _served_a_window_since_switch(state: TunerState) -> bool:

@@ -101,6 +101,13 @@ class TunerSettings:
     underrates a narrow decode step carrying a whole prompt more than a wide verify step, so
     the correction learned on no speculation makes EAGLE-3 look slower than it is, and keeps
     speculation off at loads where it pays."""
+    warm_switches: bool = False
+    """A switch moves the traffic onto an engine already up and serving warm (a pool of
+    servers, one per candidate): the first window wholly after it measures the config's speed.
+    False (a restart or a rollout's new pods): that window is a cold engine's, and speed is
+    learned from the second (`policy.learn`). In the real vLLM bench's pool run at 3c72938 the
+    first window after the move to ngram K=5 at concurrency 1 served 1324.7 tok/s against the
+    3009.6 predicted, and the load changed before a second came: never learned."""
     max_batch: int = DEFAULT_MAX_BATCH
     """The engine's max-num-seqs (SGLang: max-running-requests): the most concurrent requests a
     forecast can reach, and the batch each config's capacity is read at."""
