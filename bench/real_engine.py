@@ -34,7 +34,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -581,19 +581,27 @@ def idle_cpu(engines: list[TimedEngine], seconds: float) -> float:
 
     def cpu() -> float:
         groups = {pid for e in engines for pid in e.process_groups}
-        total = 0
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                fields = stat.read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[2]) in groups:  # field 5 of stat: the process group
-                total += int(fields[11]) + int(fields[12])  # utime + stime, in ticks
-        return total / os.sysconf("SC_CLK_TCK")
+        return sum(cpu_seconds_by_process(groups).values())
 
     before = cpu()
     time.sleep(seconds)
     return (cpu() - before) / seconds
+
+
+def cpu_seconds_by_process(groups: Collection[int]) -> dict[str, float]:
+    """CPU seconds (user + system) each live process of the process `groups` has used so far,
+    keyed `name:pid` (the name as the process set it, e.g. SGLang's `sglang::schedul`)."""
+    used: dict[str, float] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        name, fields = text[text.index("(") + 1 : text.rindex(")")], text.rsplit(")", 1)[1].split()
+        if int(fields[2]) in groups:  # field 5 of stat: the process group
+            ticks = int(fields[11]) + int(fields[12])  # utime + stime
+            used[f"{name}:{stat.parent.name}"] = ticks / os.sysconf("SC_CLK_TCK")
+    return used
 
 
 def add_arguments(parser: argparse.ArgumentParser, *, phases: int, out: Path, log_dir: str) -> None:

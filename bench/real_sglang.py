@@ -47,6 +47,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -169,7 +170,19 @@ class SglangCpuEngine(TimedEngine):
         super().apply(config)
 
 
-def make_engine(port: int, log_dir: Path) -> TimedEngine:
+THREADS: dict[str, dict[str, str]] = {
+    "one": {"OMP_NUM_THREADS": "1"},
+    "default": {},
+}
+"""How many threads each server's scheduler runs its model on, as environment: `one` holds
+torch's OpenMP pool to one thread; `default` leaves SGLang's CPU default, one thread per core
+of the NUMA node (both here), which spins on the core the tokenizer manager, the detokenizer and
+the clients need: on this host the scheduler used 1.6-1.7 cores at concurrency 1 and 8 alike,
+and the server served 35-45% fewer tokens/s than on one thread (bench/results/sglang_threads.md,
+which measures each)."""
+
+
+def make_engine(port: int, log_dir: Path, threads: str = "one") -> TimedEngine:
     launch = LaunchSettings(
         model=str(MODEL),
         served_model_name=SERVED,
@@ -185,6 +198,7 @@ def make_engine(port: int, log_dir: Path) -> TimedEngine:
         # the n-gram matcher is compiled with g++ on first start; the tests keep it here too
         "SGLANG_CACHE_DIR": str(ROOT / ".cache" / "sglang-jit"),
         "PYTHONPATH": str(STANDIN),
+        **THREADS[threads],
     }
     log_dir.mkdir(parents=True, exist_ok=True)
     return SglangCpuEngine(
@@ -221,6 +235,15 @@ def acceptance_length(counters: dict[str, float]) -> float | None:
     return round((counters["generation_tokens"] - counters["requests"]) / verifies, 3)
 
 
+def threads_lines(report: dict[str, Any]) -> list[str]:
+    """How the servers ran their model (absent from runs before `--threads`: SGLang's default)."""
+    threads = report.get("threads")
+    if threads is None:
+        return []
+    env = ", ".join(f"{k}={v}" for k, v in THREADS[threads].items()) or "SGLang's defaults"
+    return [f"Every server's scheduler on `{threads}` thread setting ({env}): see `--threads`."]
+
+
 def markdown(report: dict[str, Any]) -> str:
     lines = [
         "# Real SGLang 0.5.23 (CPU, tiny local model): tokens/s per phase",
@@ -228,6 +251,7 @@ def markdown(report: dict[str, Any]) -> str:
         *provenance_lines(report),
         f"Started {report['started_utc']}, {report['wall_min']:.1f} min wall; {report['machine']}.",
         f"Seeds: `{json.dumps(report['seeds'])}`.",
+        *threads_lines(report),
         "",
         "All policies ran in this one run, on the same shared 2-core machine, each on its own "
         "SGLang server, all servers up at once (`--sleep-on-idle`) and loaded one at a time in "
@@ -300,7 +324,7 @@ def plan_for(ns: argparse.Namespace, argv: Sequence[str]) -> Plan:
     started = time.time()
     return Plan(
         engine_label="SGLang CPU",
-        make_engine=make_engine,
+        make_engine=partial(make_engine, threads=ns.threads),
         statics=with_twin(statics),
         candidates=(
             SpecConfig(),
@@ -321,6 +345,7 @@ def plan_for(ns: argparse.Namespace, argv: Sequence[str]) -> Plan:
                 "clients": "none drawn: user u sends prompt (u + n) mod 8 as its n-th request",
             },
             "engine_notes": [STANDIN_NOTE, ADAPTIVE_UNSUPPORTED, CPU_VERIFY_NOTE],
+            "threads": ns.threads,
         },
         preflight=ask_adaptive_reason,
         # SGLang refuses a per-batch K schedule for NGRAM (its adapter's capability table):
@@ -340,6 +365,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         log_dir="/tmp/specpilot-real-sglang-bench",
     )
     parser.set_defaults(ks="3,5", port=18831)
+    parser.add_argument(
+        "--threads",
+        choices=sorted(THREADS),
+        default="one",
+        help="one (default): each server's scheduler runs its model on one OpenMP thread; "
+        "default: SGLang's, a thread per core, which on 2 cores spins on the core the rest of "
+        "the server and the clients need (bench/results/sglang_threads.md)",
+    )
     return main_for(plan_for, parser, len(PHASES), argv, "bench/real_sglang.py", TYPICAL_START_S)
 
 

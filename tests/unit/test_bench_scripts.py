@@ -448,6 +448,40 @@ def test_scrape_cost_ratios_are_per_round_against_the_quiet_slot() -> None:
     assert summary["every 1 s"]["rounds_below_quiet"] == 2
 
 
+def test_sglang_servers_run_their_model_on_one_thread_unless_told_default(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SGLang's CPU default (a thread per core) spins on the cores the rest of the server and
+    the clients need (bench/results/sglang_threads.md): the bench's servers get one thread."""
+    args = ["--log-dir", str(tmp_path), "--phases", "1"]
+    one = _dry_run("real_sglang.py", args, capsys)
+    told = _dry_run("real_sglang.py", [*args, "--threads", "default"], capsys)
+    assert {s["env"].get("OMP_NUM_THREADS") for s in one["servers"]} == {"1"}
+    assert all("OMP_NUM_THREADS" not in s["env"] for s in told["servers"])
+    report = _load("real_sglang.py")
+    assert report.threads_lines({"threads": "one"}) == [
+        "Every server's scheduler on `one` thread setting (OMP_NUM_THREADS=1): see `--threads`."
+    ]
+    assert report.threads_lines({}) == []  # a run from before the option: SGLang's default
+
+
+def test_cpu_seconds_by_process_reads_each_process_of_the_groups() -> None:
+    import os
+    import time
+
+    cpu_seconds_by_process = (
+        _load("real_sglang.py") and sys.modules["real_engine"]
+    ).cpu_seconds_by_process
+    key = f"{Path('/proc/self/comm').read_text().strip()}:{os.getpid()}"
+    before = cpu_seconds_by_process({os.getpgrp()})
+    deadline = time.process_time() + 0.3
+    while time.process_time() < deadline:  # CPU time, not wall time: a loaded host only waits
+        pass
+    after = cpu_seconds_by_process({os.getpgrp()})
+    assert after[key] - before[key] >= 0.2
+    assert cpu_seconds_by_process(set()) == {}
+
+
 @pytest.mark.parametrize("probe", ["scrape_cost", "engine_batch"])
 def test_one_server_probes_still_render_their_committed_results(probe: str) -> None:
     """The two one-server probes share their report's head (real_engine.probe_head); their
