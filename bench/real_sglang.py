@@ -177,9 +177,10 @@ THREADS: dict[str, dict[str, str]] = {
 """How many threads each server's scheduler runs its model on, as environment: `one` holds
 torch's OpenMP pool to one thread; `default` leaves SGLang's CPU default, one thread per core
 of the NUMA node (both here), which spins on the core the tokenizer manager, the detokenizer and
-the clients need: on this host the scheduler used 1.6-1.7 cores at concurrency 1 and 8 alike,
-and the server served 35-45% fewer tokens/s than on one thread (bench/results/sglang_threads.md,
-which measures each)."""
+the clients need: on this host its scheduler used 1.6-1.75 cores at concurrency 1 and 8 alike
+(17.4-19.3 CPU s per 11 s slot, against 10.8-11.3 on one thread), and the server served 8-25%
+fewer tokens/s than on one thread (no speculation 1020.5 against 1262.3 at concurrency 8,
+ngram K=5 2365.4 against 3166.8: bench/results/sglang_threads.md at e643415)."""
 
 
 def make_engine(port: int, log_dir: Path, threads: str = "one") -> TimedEngine:

@@ -204,10 +204,23 @@ def test_delete_collects_the_children(
     )
 
 
-def test_liveness_and_operator_metrics(cluster: tuple[ApiServer, Operator]) -> None:
+def _healthy(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
+    except httpx.TransportError:  # not listening yet
+        return False
+
+
+def test_liveness_and_operator_metrics(
+    cluster: tuple[ApiServer, Operator], http: httpx.Client
+) -> None:
     _, operator = cluster
-    health = httpx.get(f"http://127.0.0.1:{operator.liveness_port}/healthz", timeout=5)
-    assert health.status_code == 200
+    # as a kubelet's probe would: the endpoint answers once kopf is up, retried until then
+    # (run alone, this test comes before the operator has started serving it)
+    wait_for(lambda: _healthy(operator.liveness_port), 30, what="/healthz answering 200")
+    # a SpecDeployment of its own, so that a decision is counted however the module is run
+    # (a labelled counter is exported once it has counted)
+    assert http.post(SPD_PATH, json=spd("iota")).status_code == 201
     metrics = wait_for(
         lambda: (
             (text := httpx.get(f"http://127.0.0.1:{operator.metrics_port}/metrics").text)
