@@ -656,6 +656,43 @@ def test_a_canary_of_one_k_can_move_the_main_replicas_to_another_k_of_its_method
     assert "the canary of ngram K=1 taught: the canary ran ngram K=1" in record.decision.reason
 
 
+def test_a_method_that_drafted_nothing_is_re_tested_on_a_canary_where_one_can_run() -> None:
+    """n-gram drafted nothing on sampled traffic and was left; the traffic gives no sign while
+    it is off, so the tuner re-tests it on what it accepted before. With a canary that re-test
+    is a trial: a canary that drafts nothing again is not promoted (the main replicas never
+    leave no speculation, and n-gram is marked again); one that drafts well is."""
+    # what n-gram accepted on greedy traffic before it went silent at t=0
+    greedy = TunerState.initial(SpecConfig(), 0.0, {"ngram": acceptance_curve("ngram", "code")})
+    silent = replace(greedy, no_drafts=(("ngram", 0.0),))
+
+    def retest(served: Observation) -> tuple[JudgedCanary, TickRecord, ControlLoop]:
+        act = JudgedCanary({"none": 115.0, "ngram": 115.0}, batch=1.0, served=served)
+        loop = _ngram_trial_loop(act)
+        loop.state = silent
+        loop.start()
+        return act, loop.tick(1000.0), loop
+
+    quiet = replace(_canary_window((0.0, 0.0, 0.0), 110.0), drafts=0.0, acceptance_length=None)
+    act, record, loop = retest(quiet)
+    assert record.decision.trial and act.trials == [NGRAM], record.decision.reason
+    reason = record.decision.reason
+    assert "re-testing ngram" in reason and "(on a canary)" in reason
+    assert act.verdicts[0] is not None and not record.applied
+    assert loop.state.current == SpecConfig()
+    assert loop.state.drafted_nothing_since("ngram") == 1000.0
+    act, record, loop = retest(_canary_window((0.92, 0.8, 0.68), 300.0))
+    assert act.verdicts == [None] and record.applied and loop.state.current == NGRAM
+    assert loop.state.drafted_nothing_since("ngram") is None
+    # one replica, no canary: the re-test moves the engine itself
+    alone = TrialRecordingActuator({"none": 115.0, "ngram": 115.0}, batch=1.0, canary=False)
+    solo = _ngram_trial_loop(alone)
+    solo.state = silent
+    solo.start()
+    moved = solo.tick(1000.0)
+    assert moved.applied and not moved.decision.trial and alone.trials == []
+    assert moved.decision.config == NGRAM and "re-testing ngram" in moved.decision.reason
+
+
 @dataclass
 class OneRunningPerPod(PerPodMetrics):
     def window(

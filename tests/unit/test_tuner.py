@@ -488,10 +488,17 @@ def test_a_method_that_drafted_nothing_is_left_then_re_tested_on_what_it_accepte
         held, state = decide(window(SpecConfig(), True), state, settings, COST, now)
         assert held.action == "stay" and state.current == SpecConfig(), held.reason
     now += 30.0
+    due = state
     back, state = decide(window(SpecConfig(), True), state, settings, COST, now)
     assert back.action == "switch" and back.config.method == "ngram", back.reason
     assert f"re-testing ngram, which drafted nothing {now - silent_at:.0f}s ago" in back.reason
+    assert not back.trial  # no canary: the re-test moves the engine
     assert state.drafted_nothing_since("ngram") is None
+    # where a canary can run it, the re-test is a trial at the canary's share of the traffic
+    with_canary = replace(settings, trial_share=0.25)
+    on_canary, _ = decide(window(SpecConfig(), True), due, with_canary, COST, now)
+    assert on_canary.trial and on_canary.config == back.config, on_canary.reason
+    assert "re-testing ngram" in on_canary.reason and "(on a canary)" in on_canary.reason
 
     for _ in range(2):  # the restart's window, then the minimum dwell
         now += 30.0

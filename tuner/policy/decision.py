@@ -6,7 +6,9 @@ window lacks what it needs, stays when `propose` finds nothing better or `gate` 
 and otherwise switches (or turns speculation off), restarting the dwell and spending a restart;
 leaving a speculative method for capacity, it records what that method served. A move for
 capacity only the forecast load needs (`Proposal.on_forecast`) waits for a second window in a
-row that proposes one with the batch still moving with its trend (`plan.trend_holds`).
+row that proposes one with the batch still moving with its trend (`plan.trend_holds`). A move
+that re-tests a method which drafted nothing (`Belief.retested`) is a trial where a canary can
+run it (`TunerSettings.trial_share` below 1).
 `judge_trial(main, canary, config, state, settings, cost, now)` says whether a trial's canary
 earns its promotion once what it served is learned, or which config of its method the tuner
 would move to instead (`TrialVerdict`).
@@ -93,10 +95,15 @@ def decide(
         f"{acceptance_note(target, predicted.k, state, belief.acceptance)})"
     )
     silent_since = dict(belief.retested).get(target.method)
+    # A re-test bets on traffic nothing in the windows shows (a method that drafted nothing
+    # gives no signal while off): where a canary can run it, it is a trial at the canary's
+    # share of the risk, promoted only if it drafts again, not a move of every replica.
+    retest_on_canary = silent_since is not None and settings.trial_share < 1.0
     if silent_since is not None:
         reason += (
             f"; re-testing {target.method}, which drafted nothing {now - silent_since:.0f}s "
             "ago, on what it accepted before"
+            + (" (on a canary)" if retest_on_canary and not proposal.trial else "")
         )
     speed_gain = proposal.gain if proposal.speed_gain is None else proposal.speed_gain
     restarts = (*recent_restarts(state, now), now)
@@ -110,7 +117,7 @@ def decide(
         regime=running.regime,
         predicted_tokens_per_s=predicted.tokens_per_s,
         speed_checked=not proposal.for_capacity,
-        trial=proposal.trial,
+        trial=proposal.trial or retest_on_canary,
     ), replace(state, current=target, since_s=now, restarts=restarts, forecast_shortfall=False)
 
 
