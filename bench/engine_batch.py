@@ -39,10 +39,12 @@ from real_engine import (  # noqa: E402
     RESULTS,
     Phase,
     TimedEngine,
+    add_variant_probe_arguments,
+    check_variant_probe_arguments,
     probe_head,
     probe_markdown_head,
+    probe_variant,
     slot,
-    warm_up,
     write,
 )
 from real_vllm import make_engine  # noqa: E402
@@ -79,6 +81,11 @@ def observed_slot(engine: TimedEngine, phase: Phase, seconds: float) -> dict[str
     }
 
 
+def median_batch_per_user(slots: list[dict[str, Any]]) -> dict[str, Any]:
+    ratios = [s["batch_per_user"] for s in slots if s["batch_per_user"] is not None]
+    return {"median_batch_per_user": round(statistics.median(ratios), 3) if ratios else None}
+
+
 def markdown(report: dict[str, Any]) -> str:
     lines = [
         *probe_markdown_head(report, "Does the client's concurrency reach the engine? (real vLLM)"),
@@ -105,20 +112,26 @@ def markdown(report: dict[str, Any]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=4, help="slots per concurrency")
-    parser.add_argument("--slot-seconds", type=float, default=11.0)
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
-    parser.add_argument("--variant", nargs="+", default=list(VARIANTS), choices=VARIANTS)
-    parser.add_argument("--port", type=int, default=8391)
-    parser.add_argument("--out", type=Path, default=RESULTS / "engine_batch.json")
+    add_variant_probe_arguments(
+        parser,
+        variants=list(VARIANTS),
+        rounds=4,
+        concurrency=[1, 32],
+        port=8391,
+        out=RESULTS / "engine_batch.json",
+    )
     ns = parser.parse_args()
-    if ns.rounds < 1 or ns.slot_seconds < 4.0 or min(ns.concurrency) < 1:
-        parser.error("--rounds must be >= 1, --slot-seconds >= 4 and every --concurrency >= 1")
+    check_variant_probe_arguments(parser, ns)
     started = time.time()
     report: dict[str, Any] = {
         **probe_head("bench/engine_batch.py", started, ns.rounds, ns.slot_seconds),
         "variants": [],
     }
+
+    def save() -> None:
+        report["wall_min"] = (time.time() - started) / 60
+        write(report, ns.out, markdown)
+
     for variant in ns.variant:
         executor, env, config = VARIANTS[variant]
         logs = Path(tempfile.mkdtemp(prefix="engine-batch-"))
@@ -126,27 +139,7 @@ def main() -> int:
         engine.env.update(env)
         row: dict[str, Any] = {"variant": variant, "concurrencies": []}
         report["variants"].append(row)
-        try:
-            engine.apply(config)
-            warm_up(engine.url)
-            for c in ns.concurrency:
-                phase = Phase(f"c{c} greedy", c, 0.0)
-                slots = [observed_slot(engine, phase, ns.slot_seconds) for _ in range(ns.rounds)]
-                ratios = [s["batch_per_user"] for s in slots if s["batch_per_user"] is not None]
-                row["concurrencies"].append(
-                    {
-                        "concurrency": c,
-                        "slots": slots,
-                        "median_batch_per_user": round(statistics.median(ratios), 3)
-                        if ratios
-                        else None,
-                    }
-                )
-                print(f"{variant} c{c}: {slots}", flush=True)
-                report["wall_min"] = (time.time() - started) / 60
-                write(report, ns.out, markdown)
-        finally:
-            engine.stop()
+        probe_variant(engine, config, ns, row, observed_slot, median_batch_per_user, save)
     print(markdown(report))
     return 0
 

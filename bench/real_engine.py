@@ -566,6 +566,57 @@ def probe_markdown_head(report: dict[str, Any], title: str) -> list[str]:
     ]
 
 
+def add_variant_probe_arguments(
+    parser: argparse.ArgumentParser,
+    *,
+    variants: Sequence[str],
+    rounds: int,
+    concurrency: list[int],
+    port: int,
+    out: Path,
+) -> None:
+    """The options of a one-server probe that measures server variants (bench/engine_batch.py,
+    bench/sglang_threads.py); `check_variant_probe_arguments` refuses bad values."""
+    parser.add_argument("--rounds", type=int, default=rounds, help="slots per concurrency")
+    parser.add_argument("--slot-seconds", type=float, default=11.0)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=concurrency)
+    parser.add_argument("--variant", nargs="+", default=list(variants), choices=variants)
+    parser.add_argument("--port", type=int, default=port)
+    parser.add_argument("--out", type=Path, default=out)
+
+
+def check_variant_probe_arguments(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
+    if ns.rounds < 1 or ns.slot_seconds < 4.0 or min(ns.concurrency) < 1:
+        parser.error("--rounds must be >= 1, --slot-seconds >= 4 and every --concurrency >= 1")
+
+
+def probe_variant(
+    engine: TimedEngine,
+    config: SpecConfig,
+    ns: argparse.Namespace,
+    row: dict[str, Any],
+    measure: Callable[[TimedEngine, Phase, float], dict[str, Any]],
+    summarize: Callable[[list[dict[str, Any]]], dict[str, Any]],
+    save: Callable[[], None],
+) -> None:
+    """One variant of a one-server probe: `engine` started on `config` and warmed up, then
+    `ns.rounds` slots of `measure` (greedy, `ns.slot_seconds` each) per concurrency of
+    `ns.concurrency`, each concurrency's slots and their `summarize` appended to the variant's
+    `row["concurrencies"]` and the report saved (`save`) as it grows; the engine is stopped
+    whatever happens."""
+    try:
+        engine.apply(config)
+        warm_up(engine.url)
+        for c in ns.concurrency:
+            phase = Phase(f"c{c} greedy", c, 0.0)
+            slots = [measure(engine, phase, ns.slot_seconds) for _ in range(ns.rounds)]
+            row["concurrencies"].append({"concurrency": c, "slots": slots, **summarize(slots)})
+            print(f"{row['variant']} c{c}: {slots}", flush=True)
+            save()
+    finally:
+        engine.stop()
+
+
 def write(report: dict[str, Any], out: Path, markdown: Callable[[dict[str, Any]], str]) -> None:
     out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
     out.with_suffix(".md").write_text(markdown(report))

@@ -36,11 +36,13 @@ from real_engine import (  # noqa: E402
     RESULTS,
     Phase,
     TimedEngine,
+    add_variant_probe_arguments,
+    check_variant_probe_arguments,
     cpu_seconds_by_process,
     probe_head,
     probe_markdown_head,
+    probe_variant,
     slot,
-    warm_up,
     write,
 )
 from real_sglang import THREADS, make_engine  # noqa: E402
@@ -76,6 +78,10 @@ def measured_slot(engine: TimedEngine, phase: Phase, seconds: float) -> dict[str
         "server_cpu_s": {name: round(used, 2) for name, used in sorted(by_name.items())},
         "client_cpu_s": round(client_after - client, 2),
     }
+
+
+def median_tokens_per_s(slots: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"median_tokens_per_s": round(statistics.median(s["tokens_per_s"] for s in slots), 1)}
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -116,20 +122,26 @@ def markdown(report: dict[str, Any]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=2, help="slots per concurrency")
-    parser.add_argument("--slot-seconds", type=float, default=11.0)
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[8, 1])
-    parser.add_argument("--variant", nargs="+", default=list(VARIANTS), choices=VARIANTS)
-    parser.add_argument("--port", type=int, default=8491)
-    parser.add_argument("--out", type=Path, default=RESULTS / "sglang_threads.json")
+    add_variant_probe_arguments(
+        parser,
+        variants=list(VARIANTS),
+        rounds=2,
+        concurrency=[8, 1],
+        port=8491,
+        out=RESULTS / "sglang_threads.json",
+    )
     ns = parser.parse_args()
-    if ns.rounds < 1 or ns.slot_seconds < 4.0 or min(ns.concurrency) < 1:
-        parser.error("--rounds must be >= 1, --slot-seconds >= 4 and every --concurrency >= 1")
+    check_variant_probe_arguments(parser, ns)
     started = time.time()
     report: dict[str, Any] = {
         **probe_head("bench/sglang_threads.py", started, ns.rounds, ns.slot_seconds),
         "variants": [],
     }
+
+    def save() -> None:
+        report["wall_min"] = (time.time() - started) / 60
+        write(report, ns.out, markdown)
+
     for variant in ns.variant:
         threads, config = VARIANTS[variant]
         engine = make_engine(ns.port, Path(tempfile.mkdtemp(prefix="sglang-threads-")), threads)
@@ -141,26 +153,7 @@ def main() -> int:
             "concurrencies": [],
         }
         report["variants"].append(row)
-        try:
-            engine.apply(config)
-            warm_up(engine.url)
-            for c in ns.concurrency:
-                phase = Phase(f"c{c} greedy", c, 0.0)
-                slots = [measured_slot(engine, phase, ns.slot_seconds) for _ in range(ns.rounds)]
-                row["concurrencies"].append(
-                    {
-                        "concurrency": c,
-                        "slots": slots,
-                        "median_tokens_per_s": round(
-                            statistics.median(s["tokens_per_s"] for s in slots), 1
-                        ),
-                    }
-                )
-                print(f"{variant} c{c}: {slots}", flush=True)
-                report["wall_min"] = (time.time() - started) / 60
-                write(report, ns.out, markdown)
-        finally:
-            engine.stop()
+        probe_variant(engine, config, ns, row, measured_slot, median_tokens_per_s, save)
     print(markdown(report))
     return 0
 
