@@ -97,8 +97,12 @@ def decide(
     silent_since = dict(belief.retested).get(target.method)
     # A re-test bets on traffic nothing in the windows shows (a method that drafted nothing
     # gives no signal while off): where a canary can run it, it is a trial at the canary's
-    # share of the risk, promoted only if it drafts again, not a move of every replica.
-    retest_on_canary = silent_since is not None and settings.trial_share < 1.0
+    # share of the risk, promoted only if it drafts again, not a move of every replica. A move
+    # for capacity is not delayed by a canary's window (and a canary under a queue measures
+    # the backlog, not the config).
+    retest_on_canary = (
+        silent_since is not None and settings.trial_share < 1.0 and not proposal.for_capacity
+    )
     if silent_since is not None:
         reason += (
             f"; re-testing {target.method}, which drafted nothing {now - silent_since:.0f}s "
