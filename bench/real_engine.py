@@ -17,6 +17,11 @@ What differs per engine comes in the `Plan`: how to make a server, the phases, t
 concurrencies, an optional per-slot meter of the server's own counters, an optional hook after
 each phase, and the Markdown renderer. The report is written after every phase, so a cut run
 keeps its part.
+
+The one-server probes (bench/scrape_cost.py, bench/engine_batch.py, bench/sglang_threads.py)
+share its load slots, their report's head (`probe_head`), and for those that compare server
+variants their options and per-variant loop (`probe_variant`); `cpu_seconds_by_process` reads
+what each of a server's processes used from /proc.
 """
 
 from __future__ import annotations
