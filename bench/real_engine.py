@@ -622,6 +622,23 @@ def probe_variant(
         engine.stop()
 
 
+def environment_lines(
+    report: dict[str, Any],
+    option: str,
+    settings: Mapping[str, Mapping[str, str]],
+    subject: str,
+    engine: str,
+) -> list[str]:
+    """The report's line on how its servers ran their model: the setting the report records
+    under `option` (one of `settings`, each an environment), said as `subject` with the setting
+    in it; none for a run from before the option (it ran the engine's defaults)."""
+    chosen = report.get(option)
+    if chosen is None:
+        return []
+    env = ", ".join(f"{k}={v}" for k, v in settings[chosen].items()) or f"{engine}'s defaults"
+    return [f"Every {subject.format(chosen)} ({env}): see `--{option}`."]
+
+
 def write(report: dict[str, Any], out: Path, markdown: Callable[[dict[str, Any]], str]) -> None:
     out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
     out.with_suffix(".md").write_text(markdown(report))

@@ -72,6 +72,7 @@ from real_engine import (  # noqa: E402
     TimedEngine,
     add_arguments,
     command_line,
+    environment_lines,
     git_commit,
     main_for,
     overall_line,
@@ -238,11 +239,8 @@ def acceptance_length(counters: dict[str, float]) -> float | None:
 
 def threads_lines(report: dict[str, Any]) -> list[str]:
     """How the servers ran their model (absent from runs before `--threads`: SGLang's default)."""
-    threads = report.get("threads")
-    if threads is None:
-        return []
-    env = ", ".join(f"{k}={v}" for k, v in THREADS[threads].items()) or "SGLang's defaults"
-    return [f"Every server's scheduler on `{threads}` thread setting ({env}): see `--threads`."]
+    subject = "server's scheduler on `{}` thread setting"
+    return environment_lines(report, "threads", THREADS, subject, "SGLang")
 
 
 def markdown(report: dict[str, Any]) -> str:

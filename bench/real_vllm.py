@@ -64,6 +64,7 @@ from real_engine import (  # noqa: E402
     TimedEngine,
     add_arguments,
     command_line,
+    environment_lines,
     git_commit,
     main_for,
     overall_line,
@@ -202,11 +203,7 @@ def markdown(report: dict[str, Any]) -> str:
 
 def executor_lines(report: dict[str, Any]) -> list[str]:
     """How the servers ran their model (absent from runs before `--executor`: vLLM's `mp`)."""
-    executor = report.get("executor")
-    if executor is None:
-        return []
-    env = ", ".join(f"{k}={v}" for k, v in EXECUTORS[executor].items()) or "vLLM's defaults"
-    return [f"Every server on the `{executor}` executor ({env}): see `--executor`."]
+    return environment_lines(report, "executor", EXECUTORS, "server on the `{}` executor", "vLLM")
 
 
 SPEC_LOG = re.compile(

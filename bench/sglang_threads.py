@@ -11,7 +11,7 @@ server and tokenizer manager, the scheduler that runs the model, the detokenizer
 used in the slot. On 2 cores a scheduler that takes most of both leaves the rest of the server
 and the clients waiting: a phase then measures the contention, not the config.
 
-Run: HF_HUB_OFFLINE=1 .venv/bin/python bench/sglang_threads.py   (~6 min on 2 cores, on a quiet
+Run: HF_HUB_OFFLINE=1 .venv/bin/python bench/sglang_threads.py   (~5 min on 2 cores, on a quiet
 host). Writes bench/results/sglang_threads.json and .md.
 """
 

@@ -449,10 +449,11 @@ def test_scrape_cost_ratios_are_per_round_against_the_quiet_slot() -> None:
 
 
 def test_sglang_servers_run_their_model_on_one_thread_unless_told_default(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """SGLang's CPU default (a thread per core) spins on the cores the rest of the server and
     the clients need (bench/results/sglang_threads.md): the bench's servers get one thread."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # the servers inherit the caller's
     args = ["--log-dir", str(tmp_path), "--phases", "1"]
     one = _dry_run("real_sglang.py", args, capsys)
     told = _dry_run("real_sglang.py", [*args, "--threads", "default"], capsys)
