@@ -10,12 +10,13 @@ the previous config is not restored silently: the loop decides.
 
 With `surge_port` set a switch keeps serving, as the operator's default surge rollout
 (maxUnavailable 0) does: the new config starts on the other of the two ports beside the
-running engine, `url` moves to it once it is healthy, and the old process is stopped when its
-requests in flight have finished (at most `drain_s`). A start that fails leaves the old engine
-serving its config, so the loop's rollback (an apply of that config) has nothing to do. Clients
-must read `url` per request: the port moves with each switch. Both engines share the machine's
-cores meanwhile: on 2 cores a vLLM CPU start beside a serving vLLM wrote no log line in over 6
-minutes (alone: 35 s), so the real-engine benches restart unless told `--switch surge`.
+running engine, `url` moves to it once it is healthy, and the old process is stopped
+`retire_grace_s` later, once its requests in flight have finished (at most `drain_s`). A start
+that fails leaves the old engine serving its config, so the loop's rollback (an apply of that
+config) has nothing to do. Clients must read `url` per request: the port moves with each switch.
+Both engines share the machine's cores meanwhile: on 2 cores a vLLM CPU start beside a serving
+vLLM wrote no log line in over 6 minutes (alone: 35 s), so the real-engine benches restart
+unless told `--switch surge`.
 
 With `standby_ports` set the engine keeps a warm pool: `prewarm(configs)` starts one engine per
 config on those ports before any switch, and they wait there idle; a switch to a config of the
@@ -75,6 +76,12 @@ class LocalEngine:
     the engine, then starts the new one."""
     drain_s: float = 30.0
     """Longest wait, after a surge switch, for the old engine's requests in flight."""
+    retire_grace_s: float = 2.0
+    """How long the old engine keeps serving after `url` moves, before its in-flight count is
+    trusted: a client that read the old `url` just before the switch may not have reached it
+    yet, and an engine that counts nothing in flight would be stopped under its connect (a
+    Kubernetes preStop sleep covers the same gap while endpoints drop a pod). Seen in CI: one
+    failed request in 1126 tests without it."""
     standby_ports: tuple[int, ...] = ()
     """Ports of the warm pool's waiting engines (module docstring); empty: no pool."""
     config: SpecConfig | None = None
@@ -256,6 +263,7 @@ class LocalEngine:
     def _retire(self, process: subprocess.Popen[bytes] | None, url: str) -> None:
         """Stop the engine a surge replaced once nothing runs or waits on it (clients moved to
         the new `url` with their next request), or after `drain_s`."""
+        time.sleep(self.retire_grace_s)
         deadline = time.monotonic() + self.drain_s
         while time.monotonic() < deadline and self._in_flight(url) > 0:
             time.sleep(0.5)

@@ -58,6 +58,8 @@ HEALTH_PATH = "/health"
 METRICS_PATH = "/metrics"
 SCRAPE_INTERVAL = "15s"
 STARTUP_PROBE_PERIOD_S = 10
+PRE_STOP_SLEEP_S = 10
+"""Seconds a terminating engine keeps serving before SIGTERM; within the pod's grace period."""
 
 
 def deployment_name(name: str, role: Role = "main") -> str:
@@ -218,6 +220,10 @@ def _pod_spec(
     container["startupProbe"] = _probe(STARTUP_PROBE_PERIOD_S, startup_failures)
     container["readinessProbe"] = _probe(5, 3)
     container["livenessProbe"] = _probe(10, 6)
+    # A terminating pod leaves the Service's endpoints while its container gets SIGTERM, and
+    # proxies keep routing to it until they hear: the engine serves through that gap instead of
+    # refusing connections mid-rollout. The engines' images ship coreutils' sleep.
+    container["lifecycle"] = {"preStop": {"exec": {"command": ["sleep", str(PRE_STOP_SLEEP_S)]}}}
     # Engines share tensors between processes through /dev/shm; the container default is 64 MiB.
     mounts: list[dict[str, Any]] = [{"name": SHM_VOLUME, "mountPath": SHM_PATH}]
     volumes: list[dict[str, Any]] = [{"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}}]

@@ -80,8 +80,13 @@ def engine_factory(tmp_path: Path) -> Iterator:
 class Load:
     """`users` closed-loop clients against whatever engine listens on the port."""
 
-    def __init__(self, url: str | Callable[[], str], users: int) -> None:
+    def __init__(
+        self, url: str | Callable[[], str], users: int, connect_after_s: float = 0.0
+    ) -> None:
         self.url_of = url if callable(url) else lambda: url
+        self.connect_after_s = connect_after_s
+        """Pause between reading the url and sending: a slow client, or a proxy's stale
+        endpoint list."""
         self.stop_event = threading.Event()
         self.served, self.failed = 0, 0
         self.lock = threading.Lock()
@@ -92,8 +97,10 @@ class Load:
     def _user(self) -> None:
         body = {"model": "llama", "prompt": "word " * 100, "max_tokens": 48}
         while not self.stop_event.is_set():
+            url = self.url_of()
+            time.sleep(self.connect_after_s)
             try:
-                response = httpx.post(f"{self.url_of()}/v1/completions", json=body, timeout=30)
+                response = httpx.post(f"{url}/v1/completions", json=body, timeout=30)
                 response.raise_for_status()
                 with self.lock:
                     self.served += 1
@@ -190,6 +197,25 @@ def test_a_surge_switch_serves_throughout_and_retires_the_old_engine(engine_fact
     assert first is not None and first.poll() is not None  # retired, not left running
     assert engine.url == first_url and engine.config == EAGLE3[1] and engine.restarts == 3
     assert engine.starts == 3
+
+
+def test_a_surge_switch_serves_a_client_that_read_the_old_url_just_before_it(
+    engine_factory,
+) -> None:
+    """A client that read `url` before the switch and connects a moment later still reaches the
+    old engine: it is retired only after `retire_grace_s`, not as soon as it counts nothing in
+    flight (CI once saw one such request fail)."""
+    engine = engine_factory(EMULATE, surge=True)
+    engine.apply(SpecConfig())
+    load = Load(lambda: engine.url, users=2, connect_after_s=0.5)
+    try:
+        time.sleep(1.0)
+        engine.apply(EAGLE3[0])
+        time.sleep(1.0)
+    finally:
+        load.stop()
+    assert load.failed == 0 and load.served > 0
+    assert engine.retire_grace_s > 0.5  # the margin this test relies on
 
 
 def test_a_surge_that_fails_to_start_leaves_the_old_engine_serving(engine_factory) -> None:

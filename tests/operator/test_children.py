@@ -178,6 +178,17 @@ def test_probes_cover_model_loading() -> None:
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 1200
 
 
+def test_a_terminating_engine_serves_until_the_endpoints_have_dropped_it() -> None:
+    deployment = desired_deployment(name="x", namespace="ns", spec=_spec(), config=SpecConfig())
+    pre_stop = _container(deployment)["lifecycle"]["preStop"]["exec"]["command"]
+    assert pre_stop[0] == "sleep" and int(pre_stop[1]) >= 5
+    # the grace period covers the sleep and the engine's own shutdown after SIGTERM
+    assert (
+        deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+        > int(pre_stop[1]) + 30
+    )
+
+
 def test_replicas_belong_to_the_user_or_the_autoscaler() -> None:
     unset = desired_deployment(name="x", namespace="ns", spec=_spec(), config=SpecConfig())
     assert "replicas" not in unset["spec"]
