@@ -1,17 +1,21 @@
 """The real-engine bench's harness, shared by bench/real_vllm.py and bench/real_sglang.py.
 
-Contract: `run(plan, ns, log)` starts one real server per static policy and one for SpecPilot,
-all through `LocalEngine` (the actuator `specpilot run` uses), keeps them all up and loads one
-at a time in interleaved slots, so that load from other jobs on the shared CPU lands on every
-policy alike: for each phase, `ns.rounds` rounds of one slot per policy in rotating order. A
-phase is a concurrency (closed-loop async users streaming /v1/completions) and a temperature.
-Tokens are counted client-side from the engine's continuous usage stats as they stream.
+Contract: `run(plan, ns, log)` starts one real server per static policy and one for SpecPilot
+(none with `--switch shared`), all through `LocalEngine` (the actuator `specpilot run` uses),
+keeps them all up and loads one at a time in interleaved slots, so that load from other jobs on
+the shared CPU lands on every policy alike: for each phase, `ns.rounds` rounds of one slot per
+policy in rotating order. A phase is a concurrency (closed-loop async users streaming
+/v1/completions) and a temperature. Tokens are counted client-side from the engine's continuous
+usage stats as they stream.
 SpecPilot's slot is one tick of its loop (`pilot_slot`); its switches count against it:
 a restart's time as time without tokens, a surge's (`--switch surge`: the new server starts
 beside the serving one, as the operator's default rollout does on a spare GPU) as time the old
 config serves while the new one starts on the same cores; a pool's (`--switch pool`: one
 server per candidate, all up before the load, `LocalEngine.standby_ports`) as a move of the
-clients, with the pool's servers' idle CPU on the shared cores and their memory held.
+clients, with the pool's servers' idle CPU on the shared cores and their memory held; with
+`--switch shared` SpecPilot has no server of its own and moves its clients between the static
+policies' servers (`SharedServers`), so it and a static policy running one config are measured
+on one server.
 
 What differs per engine comes in the `Plan`: how to make a server, the phases, the calibration
 concurrencies, an optional per-slot meter of the server's own counters, an optional hook after
@@ -49,11 +53,12 @@ import httpx
 
 from specpilot.operator.loop import ControlLoop, TickRecord
 from specpilot.runtime.engines import get_adapter
-from specpilot.runtime.local_engine import LocalEngine
+from specpilot.runtime.local_engine import EngineStartError, LocalEngine
 from specpilot.runtime.probe import fit_step_time
 from specpilot.runtime.scrape import ScrapeError
 from specpilot.tuner import (
     AcceptanceCurve,
+    Observation,
     SpecConfig,
     StepCost,
     StepTimeModel,
@@ -92,10 +97,13 @@ PROBE_TOKEN_IDS = (100, 1000)
 TWIN = "none (twin)"
 """A second no-speculation server: how far two servers of one config differ per phase on this
 host (the noise a per-phase comparison must clear); shown, not ranked among the statics."""
-SWITCHES = ("surge", "restart", "pool")
-"""How SpecPilot's server changes config (`--switch`): `LocalEngine.surge_port`, a restart, or
-`LocalEngine.standby_ports` (a warm pool: one server per candidate, started before the load)."""
-FREE_SWITCHES = ("surge", "pool")
+SWITCHES = ("surge", "restart", "pool", "shared")
+"""How SpecPilot's server changes config (`--switch`): `LocalEngine.surge_port`, a restart,
+`LocalEngine.standby_ports` (a warm pool: one server per candidate, started before the load),
+or `SharedServers` (the static policies' own servers, one per candidate)."""
+WARM_SWITCHES = ("pool", "shared")
+"""Switches onto servers that were up and warmed before the load."""
+FREE_SWITCHES = ("surge", *WARM_SWITCHES)
 """Switches that lose no serving: the tuner prices them at 0 s, and so does `switching_bound`."""
 OBJECTIVES: tuple[str, ...] = get_args(Objective)
 UNRANKED = ("table", TWIN)
@@ -141,7 +149,64 @@ class TimedEngine(LocalEngine):
         return sum(max(0.0, min(e, t1) - max(s, t0)) for s, e in spans)
 
 
-Meter = Callable[[TimedEngine], dict[str, float]]
+@dataclass
+class SharedServers:
+    """SpecPilot's actuator for `--switch shared`: its clients move between the static
+    policies' own servers, one per candidate config, instead of servers of its own. SpecPilot
+    running a config and that config's static policy are then measured on one server, so the
+    spread between two servers of one config (about 10% per phase here, more than the twin
+    pair shows) leaves their comparison. Slots never overlap, so a server serves one policy at
+    a time, and the loop's window lies inside SpecPilot's slot: it reads only its own traffic.
+    A switch is a move of the clients, as in a pool; the servers' processes belong to the
+    static policies (started, stopped and counted there)."""
+
+    servers: Mapping[SpecConfig, TimedEngine]
+    config: SpecConfig | None = None
+    restarts: int = 0
+    switches: list[tuple[float, float | None]] = field(default_factory=list)
+    downtime: list[tuple[float, float | None]] = field(default_factory=list)
+    """Always empty: a move loses no serving."""
+    keeps_serving: bool = True
+    process_groups: tuple[int, ...] = ()
+
+    @classmethod
+    def of(
+        cls, engines: Mapping[str, TimedEngine], statics: Sequence[tuple[str, SpecConfig]]
+    ) -> SharedServers:
+        """The first static server of each config (the twin repeats `none`'s config)."""
+        servers: dict[SpecConfig, TimedEngine] = {}
+        for name, config in statics:
+            servers.setdefault(config, engines[name])
+        return cls(servers=servers)
+
+    @property
+    def url(self) -> str:
+        assert self.config is not None, "apply a config first"
+        return self.servers[self.config].url
+
+    def apply(self, config: SpecConfig) -> None:
+        if config not in self.servers:
+            raise EngineStartError(f"no static server runs {config.describe()}")
+        now = time.time()
+        self.switches.append((now, now))
+        self.config = config
+        self.restarts += 1
+
+    def observe(self, window_s: float) -> Observation:
+        assert self.config is not None, "apply a config first"
+        return self.servers[self.config].observe(window_s)
+
+    def down_between(self, t0: float, t1: float) -> float:
+        return 0.0
+
+    def stop(self) -> None:
+        """Nothing of its own to stop."""
+
+
+Pilot = TimedEngine | SharedServers
+"""SpecPilot's server: its own (restart, surge, pool) or the statics' (shared)."""
+
+Meter = Callable[[Pilot], dict[str, float]]
 """Cumulative counters read from a server (e.g. its /metrics); slots sum their deltas."""
 
 
@@ -264,7 +329,7 @@ def slot(engine: TimedEngine, phase: Phase, seconds: float) -> tuple[dict[str, i
 
 
 def pilot_slot(
-    engine: TimedEngine, loop: ControlLoop, phase: Phase, lead_s: float
+    engine: Pilot, loop: ControlLoop, phase: Phase, lead_s: float
 ) -> tuple[dict[str, int], float, float, TickRecord | None]:
     """Load SpecPilot's server for one tick: the load starts, `lead_s` later the loop observes
     its window, decides and, on a switch, restarts the engine (or starts the new one beside it:
@@ -291,7 +356,7 @@ def pilot_slot(
 
 
 def metered(
-    meter: Meter | None, engine: TimedEngine, run_slot: Callable[[], Any]
+    meter: Meter | None, engine: Pilot, run_slot: Callable[[], Any]
 ) -> tuple[Any, dict[str, float] | None]:
     """Run a slot between two reads of the server's counters; (slot's result, deltas), the
     deltas None without a meter, when the server restarted within (its counters reset) or when
@@ -648,7 +713,7 @@ def vars_phase(phase: Phase) -> dict[str, Any]:
     return {"name": phase.name, "concurrency": phase.concurrency, "temperature": phase.temperature}
 
 
-def idle_cpu(engines: list[TimedEngine], seconds: float) -> float:
+def idle_cpu(engines: Sequence[Pilot], seconds: float) -> float:
     """Cores the idle servers burn together (their process groups' CPU time over `seconds`):
     idle servers must not slow the one under load."""
 
@@ -711,7 +776,10 @@ def add_arguments(parser: argparse.ArgumentParser, *, phases: int, out: Path, lo
         "where a start alone takes 35 s; or pool (one server per candidate, all started "
         "before the load, each waiting idle on its own port: a switch moves the clients, and "
         "the server left keeps waiting; SpecPilot then holds more servers, and their memory, "
-        "than a static policy)",
+        "than a static policy); or shared (SpecPilot's clients move between the static "
+        "policies' own servers, one per candidate: SpecPilot and the static policy of the "
+        "config it runs are measured on one server, so the spread between two servers of one "
+        "config leaves that comparison)",
     )
     parser.add_argument("--restart-budget", type=int, default=12, help="restarts per hour")
     parser.add_argument("--task", default="chat", help="acceptance prior of the tuner")
@@ -783,19 +851,38 @@ class Plan:
 
 
 def pilot_overrides(plan: Plan, switch: str) -> dict[str, Any]:
-    """The TunerSettings fields SpecPilot runs under beyond the defaults: the plan's, and with a
-    pool no synthesised schedules (a config outside the pool would start beside the serving
-    server, and on 2 cores such a start stalled for minutes: see `--switch`) and warm switches
-    (the pool's servers were up and warmed before the load: the first window after a move
-    measures the config)."""
-    if switch == "pool":
+    """The TunerSettings fields SpecPilot runs under beyond the defaults: the plan's, and on
+    warm servers (a pool, or the statics' shared) no synthesised schedules (a config outside
+    them would start beside the serving server, and on 2 cores such a start stalled for
+    minutes: see `--switch`) and warm switches (those servers were up and warmed before the
+    load: the first window after a move measures the config)."""
+    if switch in WARM_SWITCHES:
         return {**plan.settings_overrides, "synthesize_schedules": False, "warm_switches": True}
     return dict(plan.settings_overrides)
 
 
+def make_pilot(plan: Plan, ns: argparse.Namespace, engines: Mapping[str, TimedEngine]) -> Pilot:
+    """SpecPilot's server for `--switch`: its own on the next port (and the surge's or the
+    pool's ports after it), or the static policies' servers."""
+    if ns.switch == "shared":
+        shared = SharedServers.of(engines, plan.statics)
+        missing = [c.describe() for c in plan.candidates if c not in shared.servers]
+        if missing:
+            raise ValueError(f"--switch shared: no static server runs {', '.join(missing)}")
+        return shared
+    pilot = plan.make_engine(ns.port + len(plan.statics), Path(ns.log_dir) / "specpilot")
+    if ns.switch == "surge":
+        pilot.surge_port = ns.port + len(plan.statics) + 1
+    elif ns.switch == "pool":
+        first = ns.port + len(plan.statics) + 1
+        pilot.standby_ports = tuple(range(first, first + len(plan.candidates) - 1))
+    return pilot
+
+
 def expected_minutes(plan: Plan, ns: argparse.Namespace, start_s: float) -> float:
     """A lower bound of the run's wall time: starts, warm-ups, calibration and the slots."""
-    servers = len(plan.statics) + (len(plan.candidates) if ns.switch == "pool" else 1)
+    own = {"pool": len(plan.candidates), "shared": 0}.get(ns.switch, 1)
+    servers = len(plan.statics) + own
     slot_s, calibrate_s = float(ns.slot_seconds), float(ns.calibrate_seconds)
     slots = len(plan.phases) * ns.rounds * servers * slot_s
     setup = servers * (start_s + WARM_UP[1]) + len(plan.calibration_concurrency) * calibrate_s
@@ -818,7 +905,7 @@ def run(plan: Plan, ns: argparse.Namespace, log: Callable[[str], None], started:
         plan.preflight(report)
     engines: dict[str, TimedEngine] = {}
     starts: dict[str, float] = {}
-    pilot: TimedEngine | None = None
+    pilot: Pilot | None = None
     try:
         for i, (name, config) in enumerate(plan.statics):
             engine = plan.make_engine(ns.port + i, Path(ns.log_dir) / name.replace(" ", "_"))
@@ -862,12 +949,7 @@ def run(plan: Plan, ns: argparse.Namespace, log: Callable[[str], None], started:
             objective=ns.objective,
             **overrides,
         )
-        pilot = plan.make_engine(ns.port + len(plan.statics), Path(ns.log_dir) / "specpilot")
-        if ns.switch == "surge":
-            pilot.surge_port = ns.port + len(plan.statics) + 1
-        elif ns.switch == "pool":
-            first = ns.port + len(plan.statics) + 1
-            pilot.standby_ports = tuple(range(first, first + len(plan.candidates) - 1))
+        pilot = make_pilot(plan, ns, engines)
         loop = ControlLoop(
             actuator=pilot,
             settings=settings,
@@ -883,9 +965,10 @@ def run(plan: Plan, ns: argparse.Namespace, log: Callable[[str], None], started:
         loop.start()
         starts["specpilot"] = time.time() - t0
         log(f"specpilot: healthy after {starts['specpilot']:.1f}s")
-        warm_up(pilot.url)
+        if isinstance(pilot, TimedEngine):
+            warm_up(pilot.url)
         pool_start_s = None
-        if ns.switch == "pool":
+        if isinstance(pilot, TimedEngine) and ns.switch == "pool":
             t0 = time.time()
             pilot.prewarm(plan.candidates)
             pool_start_s = time.time() - t0
@@ -948,7 +1031,9 @@ def run(plan: Plan, ns: argparse.Namespace, log: Callable[[str], None], started:
             report["specpilot"] = {
                 "restarts": pilot.restarts - 1,
                 "switch": ns.switch,
-                "pool": [c.describe() for c in plan.candidates] if ns.switch == "pool" else None,
+                "pool": (
+                    [c.describe() for c in plan.candidates] if ns.switch in WARM_SWITCHES else None
+                ),
                 "pool_start_s": None if pool_start_s is None else round(pool_start_s, 1),
                 "restart_intervals_s": [
                     [round(s - t_zero, 1), None if e is None else round(e - s, 1)]
@@ -982,8 +1067,8 @@ def run(plan: Plan, ns: argparse.Namespace, log: Callable[[str], None], started:
             report["wall_min"] = (time.time() - started) / 60
             write(report, out, plan.markdown)
     finally:
-        for engine in [*engines.values(), *([pilot] if pilot else [])]:
-            engine.stop()
+        for server in [*engines.values(), *([pilot] if pilot else [])]:
+            server.stop()
     log(f"done: {out}.json / .md")
     return 0
 
@@ -1049,7 +1134,8 @@ def dry_run(plan: Plan, ns: argparse.Namespace, start_s: float) -> dict[str, Any
     """The plan as data: each server's command line and environment additions, the phases,
     the tuner's settings overrides and a lower bound of the wall time. Starts nothing."""
     servers = []
-    for i, (name, config) in enumerate([*plan.statics, ("specpilot", SpecConfig())]):
+    own = [] if ns.switch == "shared" else [("specpilot", SpecConfig())]
+    for i, (name, config) in enumerate([*plan.statics, *own]):
         engine = plan.make_engine(ns.port + i, Path(ns.log_dir) / name.replace(" ", "_"))
         servers.append({"policy": name, **describe_launch(engine, config)})
     return {
@@ -1060,7 +1146,7 @@ def dry_run(plan: Plan, ns: argparse.Namespace, start_s: float) -> dict[str, Any
         "objective": ns.objective,
         "switch": ns.switch,
         "specpilot_pool": (
-            [c.describe() for c in plan.candidates] if ns.switch == "pool" else None
+            [c.describe() for c in plan.candidates] if ns.switch in WARM_SWITCHES else None
         ),
         "phases": [vars_phase(p) for p in plan.phases],
         "calibration_concurrency": list(plan.calibration_concurrency),
@@ -1123,6 +1209,13 @@ def pilot_slot_line(report: dict[str, Any]) -> str:
         "SpecPilot's slot is one tick of its loop: load starts, 1 s later the loop observes a "
         "window, decides and, on a switch, "
     )
+    if report.get("specpilot", {}).get("switch") == "shared":
+        return line + (
+            "moves the clients to the static policy's server of the new config (SpecPilot has no "
+            "server of its own: it runs each config on the server that config's static policy "
+            "is measured on, in its own slots), so `wall` = `serving`, and SpecPilot and a "
+            "static policy running one config are compared on one server."
+        )
     if report.get("specpilot", {}).get("switch") == "pool":
         return line + (
             "moves the clients to the pool's server of the new config (one server per candidate, "

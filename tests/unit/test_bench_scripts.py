@@ -137,6 +137,11 @@ def test_real_vllm_dry_run_keeps_its_policies_and_profile(
         "synthesize_schedules": False,
         "warm_switches": True,
     }
+    # shared: SpecPilot moves between the statics' own (warm) servers and starts none
+    shared = _dry_run("real_vllm.py", ["--log-dir", str(tmp_path), "--switch", "shared"], capsys)
+    assert "specpilot" not in [s["policy"] for s in shared["servers"]]
+    assert shared["tuner_settings_overrides"] == pool["tuner_settings_overrides"]
+    assert shared["expected_minutes_at_least"] < pool["expected_minutes_at_least"]
 
 
 ONE_THREAD = {
@@ -306,7 +311,10 @@ def test_a_surge_switch_is_timed_but_not_counted_as_downtime(tmp_path: Path) -> 
             ports.append(int(sock.getsockname()[1]))
     engine = harness.TimedEngine(
         engine="vllm",
-        program=[sys.executable, "-m", "specpilot.operator.app.cli", "emulate", "--engine", "vllm"],
+        program=[
+            *(sys.executable, "-m", "specpilot.operator.app.cli", "emulate", "--engine", "vllm"),
+            *("--load-delay", "0.2"),
+        ],
         launch=LaunchSettings(
             model="m", host="127.0.0.1", port=ports[0], sidecar_dir=str(tmp_path / "side")
         ),
@@ -323,6 +331,49 @@ def test_a_surge_switch_is_timed_but_not_counted_as_downtime(tmp_path: Path) -> 
     start, end = engine.switches[1]
     assert end is not None and end > start and engine.down_between(start, end) == 0.0
     assert engine.url.endswith(f":{ports[1]}")
+
+
+def test_shared_servers_move_specpilot_onto_the_static_server_of_each_config(
+    tmp_path: Path,
+) -> None:
+    """`--switch shared`: a switch moves SpecPilot's url to the static policy's server of that
+    config (the twin's is not used), a window is read from that server, and a config no static
+    server runs is refused as a failed start would be."""
+    harness = _load("real_vllm.py") and sys.modules["real_engine"]
+    ngram = harness.SpecConfig(method="ngram", num_speculative_tokens=3)
+    statics = [("none", harness.SpecConfig()), ("ngram K=3", ngram)]
+    engines = {}
+    try:
+        for name, config in [*statics, (harness.TWIN, harness.SpecConfig())]:
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = int(sock.getsockname()[1])
+            engine = harness.TimedEngine(
+                engine="vllm",
+                program=[
+                    *(sys.executable, "-m", "specpilot.operator.app.cli", "emulate"),
+                    *("--load-delay", "0.2"),
+                ],
+                launch=LaunchSettings(
+                    model="m", host="127.0.0.1", port=port, sidecar_dir=str(tmp_path / name)
+                ),
+                log_dir=tmp_path,
+                start_timeout_s=120.0,
+            )
+            engine.apply(config)
+            engines[name] = engine
+        shared = harness.SharedServers.of(engines, [*statics, (harness.TWIN, harness.SpecConfig())])
+        shared.apply(harness.SpecConfig())
+        assert shared.url == engines["none"].url
+        shared.apply(ngram)
+        assert shared.url == engines["ngram K=3"].url and shared.restarts == 2
+        assert shared.observe(0.6).pods == (engines["ngram K=3"].url,)
+        with pytest.raises(harness.EngineStartError, match="ngram K=5"):
+            shared.apply(harness.SpecConfig(method="ngram", num_speculative_tokens=5))
+        assert shared.config == ngram and shared.down_between(0.0, 1e12) == 0.0
+    finally:
+        for engine in engines.values():
+            engine.stop()
 
 
 def test_slot_counters_are_kept_only_without_a_restart() -> None:
