@@ -283,8 +283,15 @@ class Tally:
     counters: dict[str, float] = field(default_factory=dict)
     """Summed deltas of the server's own counters over the metered slots (a `Meter`)."""
     metered_slots: int = 0
+    slot_tokens_per_s: list[float] = field(default_factory=list)
+    """Each slot's tokens over its wall time: the spread of one server between its slots."""
+    tick_cpu_ms: int | None = None
+    """SpecPilot's: its ticks' CPU in the client's process, summed."""
 
     def add(self, counts: dict[str, int], wall_s: float, downtime_s: float) -> None:
+        self.slot_tokens_per_s.append(round(counts["tokens"] / max(wall_s, 1e-9), 1))
+        if "tick_cpu_ms" in counts:
+            self.tick_cpu_ms = (self.tick_cpu_ms or 0) + counts["tick_cpu_ms"]
         self.tokens += counts["tokens"]
         self.requests += counts["requests"]
         self.errors += counts["errors"]
@@ -313,6 +320,9 @@ class Tally:
             "tokens_per_s_wall": round(self.tokens / max(self.wall_s, 1e-9), 2),
             "tokens_per_s_serving": round(self.tokens / max(serving, 1e-9), 2),
         }
+        out["slot_tokens_per_s"] = self.slot_tokens_per_s
+        if self.tick_cpu_ms is not None:
+            out["tick_cpu_ms"] = self.tick_cpu_ms
         if self.metered_slots:
             out["server_counters"] = {k: round(v, 3) for k, v in sorted(self.counters.items())}
             out["metered_slots"] = self.metered_slots
@@ -337,11 +347,14 @@ def pilot_slot(
     tokens, and a surge's with the old config serving. (counts, wall s, downtime s, record)"""
     records: list[TickRecord] = []
     errors: list[BaseException] = []
+    cpu_s: list[float] = []
 
     def tick() -> None:
         try:
             time.sleep(lead_s)
+            started = time.thread_time()
             records.append(loop.tick(time.time()))
+            cpu_s.append(time.thread_time() - started)
         except BaseException as exc:  # reported with the results; the bench goes on
             errors.append(exc)
 
@@ -352,6 +365,10 @@ def pilot_slot(
     t1 = time.time()
     if errors:
         counts["loop_errors"] = len(errors)
+    if cpu_s:
+        # the tick's own CPU (parsing its window's scrapes, deciding), taken from the cores
+        # and the interpreter the slot's clients share
+        counts["tick_cpu_ms"] = round(cpu_s[0] * 1e3)
     return counts, t1 - t0, engine.down_between(t0, t1), (records[0] if records else None)
 
 
