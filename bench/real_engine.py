@@ -34,6 +34,7 @@ import argparse
 import asyncio
 import itertools
 import json
+import math
 import os
 import platform
 import random
@@ -543,8 +544,32 @@ def summarize(policies: list[dict[str, Any]], phases: Sequence[Phase]) -> list[d
             row["server_noise"] = round(abs(twin / none - 1.0), 3)
             if "ratio_wall" in row:
                 row["specpilot_within_noise"] = row["ratio_wall"] >= 1.0 - row["server_noise"]
+        slots = [
+            p["phases"][i].get("slot_tokens_per_s") or []
+            for p in policies
+            if p["kind"] == "static" and i < len(p["phases"])
+        ]
+        noise = slot_noise(slots)
+        if noise is not None:
+            row |= noise
+            if "ratio_wall" in row:
+                row["specpilot_within_slot_noise"] = row["ratio_wall"] >= 1.0 - noise["slot_noise"]
         rows.append(row)
     return rows
+
+
+def slot_noise(slots: Sequence[Sequence[float]]) -> dict[str, float] | None:
+    """How far two policies' means over a phase's slots differ by chance, from the slots of
+    each static server (each served one config throughout, so its slots differ only by the
+    host): the pooled coefficient of variation between one server's slots, and twice the
+    standard error of the ratio of two means of that many slots (`slot_noise`). None with
+    fewer than two slots per server."""
+    spreads = [statistics.stdev(s) / statistics.fmean(s) for s in slots if len(s) >= 2]
+    if not spreads or min(min(s) for s in slots if len(s) >= 2) <= 0:
+        return None
+    cv = math.sqrt(statistics.fmean(x * x for x in spreads))
+    n = min(len(s) for s in slots if len(s) >= 2)
+    return {"slot_cv": round(cv, 3), "slot_noise": round(2.0 * cv * math.sqrt(2.0 / n), 3)}
 
 
 def switching_bound(report: dict[str, Any]) -> dict[str, Any] | None:
@@ -1188,14 +1213,17 @@ def describe_launch(engine: TimedEngine, config: SpecConfig) -> dict[str, Any]:
 
 
 def summary_table(report: dict[str, Any]) -> list[str]:
-    """Per phase: every policy's tokens/s, best and worst static, SpecPilot's ratios."""
+    """Per phase: every policy's tokens/s, best and worst static, SpecPilot's ratios, and the
+    noise they are judged against (the slot noise only for runs that recorded their slots)."""
     policies = [p["policy"] for p in report["policies"]]
+    with_slots = any("slot_noise" in row for row in report["summary"])
+    extra = " | slot noise | SpecPilot within slot noise" if with_slots else ""
     lines = [
         "| phase | "
         + " | ".join(policies)
         + " | best static | worst static | SpecPilot wall / best | SpecPilot serving / best "
-        "| SpecPilot restart s | server noise | SpecPilot within noise |",
-        "|---" * (len(policies) + 8) + "|",
+        f"| SpecPilot restart s | server noise | SpecPilot within noise{extra} |",
+        "|---" * (len(policies) + (10 if with_slots else 8)) + "|",
     ]
     for row in report["summary"]:
         cells = [f"{row['tokens_per_s'].get(p, float('nan')):.1f}" for p in policies]
@@ -1203,13 +1231,18 @@ def summary_table(report: dict[str, Any]) -> list[str]:
             cells[policies.index("specpilot")] = (
                 f"{row['specpilot_wall']:.1f} wall / {row['specpilot_serving']:.1f} serving"
             )
+        slot_cells = (
+            f" {row.get('slot_noise', '-')} | {row.get('specpilot_within_slot_noise', '-')} |"
+            if with_slots
+            else ""
+        )
         lines.append(
             f"| {row['phase']} | "
             + " | ".join(cells)
             + f" | {row.get('best_static', '-')} | {row.get('worst_static', '-')} "
             f"| {row.get('ratio_wall', '-')} | {row.get('ratio_serving', '-')} "
             f"| {row.get('specpilot_downtime_s', '-')} | {row.get('server_noise', '-')} "
-            f"| {row.get('specpilot_within_noise', '-')} |"
+            f"| {row.get('specpilot_within_noise', '-')} |{slot_cells}"
         )
     lines += [
         "",
@@ -1217,6 +1250,12 @@ def summary_table(report: dict[str, Any]) -> list[str]:
         "same phase (the twin is shown, not ranked); SpecPilot is within noise when its "
         "wall ratio to the best static is at least 1 minus that.",
     ]
+    if with_slots:
+        lines[-1] += (
+            " Slot noise: twice the standard error of the ratio of two policies' means over "
+            "the phase's slots, from the spread between one static server's slots (pooled "
+            "over the statics; `slot_noise`)."
+        )
     return lines
 
 

@@ -540,3 +540,11 @@ def test_one_server_probes_still_render_their_committed_results(probe: str) -> N
     Markdown is still what their committed runs wrote."""
     report = json.loads((RESULTS / f"{probe}.json").read_text())
     assert _load(f"{probe}.py").markdown(report) == (RESULTS / f"{probe}.md").read_text()
+
+
+def test_slot_noise_is_twice_the_standard_error_of_a_ratio_of_two_slot_means() -> None:
+    harness = _load("real_vllm.py") and sys.modules["real_engine"]
+    # two servers whose slots spread 10% about their mean: 2 x 0.1 x sqrt(2/3)
+    noise = harness.slot_noise([[100.0, 110.0, 90.0], [200.0, 220.0, 180.0]])
+    assert noise == {"slot_cv": 0.1, "slot_noise": 0.163}
+    assert harness.slot_noise([[100.0], [200.0]]) is None  # one slot says nothing of spread
