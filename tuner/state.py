@@ -16,7 +16,9 @@ running method's window moves the task weights first (by how far its length depa
 own estimate), then adds its counts (per position where the engine gives them, from the mean
 length otherwise); a method that is not running follows the task weights through its prior. A
 window in which the running method proposed no draft is not counted: the method is marked
-(`no_drafts`) and accepts none until it drafts again or the policy re-tests it.
+(`no_drafts`) and accepts none until it drafts again or the policy re-tests it. The state also
+counts the traffic's regime changes it saw and since when it watched (`note_regime`): how long
+traffic stays in one regime, which sets how soon a silent method is re-tested.
 """
 
 from __future__ import annotations
@@ -64,6 +66,9 @@ INITIAL_TASK_STRENGTH = 2.0
 method's acceptance is enough to shift them."""
 WINDOW_LENGTH_SD = 0.05
 """A window's mean length wobbles this much with the requests it happened to serve."""
+REGIME_BATCH_STEP = 2.0
+"""A load that moves this factor either way from where the last regime change left it has
+changed regime (memory-bound to compute-bound spans more; a window's noise, much less)."""
 
 AcceptanceCounts = tuple[str, tuple[float, ...], tuple[float, ...], tuple[float, ...]]
 """(method, accepted per position, tried per position, task weights they were measured under)."""
@@ -132,6 +137,15 @@ class TunerState:
     length 1, such windows kept n-gram predicted slower than no speculation after the traffic
     turned greedy again (the last phase of bench/results/real_vllm.md at 9b462f5: 0.722 of
     static K=5)."""
+    regime_changes: int = 0
+    """Changes of the traffic's regime seen since `watched_since_s` (`note_regime`): the load
+    stepping by REGIME_BATCH_STEP from where the last change left it, or the running method,
+    settled on its config, going from drafting to drafting nothing. With the time watched they
+    give the traffic's mean dwell in a regime (`policy.learn.regime_dwell_s`)."""
+    regime_batch: float = 0.0
+    """The batch where the last regime change (or the first window) left the load."""
+    watched_since_s: float | None = None
+    """When the first window the tuner learned from ended; None before it."""
 
     @classmethod
     def initial(
@@ -326,6 +340,21 @@ class TunerState:
             return self
         return replace(self, canary_only=tuple(c for c in self.canary_only if c != config))
 
+    def note_regime(self, batch: float, went_silent: bool, now: float) -> TunerState:
+        """Count a change of the traffic's regime in this window, if it shows one: the load
+        stepped by REGIME_BATCH_STEP from `regime_batch`, or the running method went silent
+        (`went_silent`: the caller knows whether it drafted in its previous window)."""
+        if self.watched_since_s is None or self.regime_batch <= 0:
+            return replace(self, watched_since_s=self.watched_since_s or now, regime_batch=batch)
+        stepped = abs(math.log(batch / self.regime_batch)) >= math.log(REGIME_BATCH_STEP)
+        if not (stepped or went_silent):
+            return self
+        return replace(
+            self,
+            regime_changes=self.regime_changes + 1,
+            regime_batch=batch if stepped else self.regime_batch,
+        )
+
     def remember_batch(self, batch: float) -> TunerState:
         return replace(self, recent_batches=(*self.recent_batches, batch)[-RECENT_WINDOWS:])
 
@@ -383,6 +412,7 @@ class TunerState:
             "last_window_s": self.last_window_s,
             "forecast_shortfall": self.forecast_shortfall,
             "no_drafts": [list(n) for n in self.no_drafts],
+            "regime": [self.regime_changes, round(self.regime_batch, 2), self.watched_since_s],
             "residuals": [
                 [r.config.to_dict(), r.log2_batch, r.mean, r.weight] for r in self.residuals
             ],
@@ -417,6 +447,7 @@ class TunerState:
             last_window_s=_optional_float(body.get("last_window_s")),
             forecast_shortfall=bool(body.get("forecast_shortfall", False)),
             no_drafts=tuple((str(m), float(t)) for m, t in body.get("no_drafts", [])),
+            **_regime(body.get("regime", [0, 0.0, None])),
             residuals=tuple(
                 ResidualPoint(SpecConfig.from_dict(c), int(b), float(m), float(w))
                 for c, b, m, w in body["residuals"]
@@ -437,6 +468,15 @@ def _optional_float(value: Any) -> float | None:
 
 def _floats(values: Any) -> tuple[float, ...]:
     return tuple(float(v) for v in values)
+
+
+def _regime(value: Any) -> dict[str, Any]:
+    changes, batch, since = value
+    return {
+        "regime_changes": int(changes),
+        "regime_batch": float(batch),
+        "watched_since_s": _optional_float(since),
+    }
 
 
 def _task(value: Any) -> str:

@@ -480,10 +480,17 @@ def test_a_method_that_drafted_nothing_is_left_then_re_tested_on_what_it_accepte
     now += 30.0
     left, state = decide(window(ks[5], False), state, settings, COST, now)
     assert left.action == "off" and state.drafted_nothing_since("ngram") == now
-    silent_at, wait = now, retest_after_s(settings)
-    assert wait == pytest.approx((2 * 900.0 * (60.0 + 2 * 30.0)) ** 0.5)
+    silent_at, marked = now, state
+    # going silent after drafting is a change of the traffic's regime: one in the 120 s watched
+    assert marked.regime_changes == 1 and marked.watched_since_s == 30.0
+    dwell = (900.0 + silent_at - 30.0) / 2
+    span = 60.0 + 2 * 30.0
+    assert retest_after_s(settings, marked, silent_at) == pytest.approx((2 * dwell * span) ** 0.5)
 
-    while now + 30.0 < silent_at + wait:
+    def due(at: float) -> bool:
+        return at - silent_at >= retest_after_s(settings, marked, at)
+
+    while not due(now + 30.0):
         now += 30.0
         held, state = decide(window(SpecConfig(), True), state, settings, COST, now)
         assert held.action == "stay" and state.current == SpecConfig(), held.reason
@@ -504,3 +511,28 @@ def test_a_method_that_drafted_nothing_is_left_then_re_tested_on_what_it_accepte
         now += 30.0
         again, state = decide(window(back.config, False), state, settings, COST, now)
     assert again.action == "off" and state.drafted_nothing_since("ngram") is not None
+    # the re-test's silent window is the tuner's bet failing, not the traffic changing
+    assert state.regime_changes == 1
+
+
+def test_how_long_traffic_stays_in_one_regime_is_learned_from_the_changes_seen() -> None:
+    """The re-test interval's dwell: the told `expected_dwell_s` before any window, then a
+    Gamma posterior on the rate of the regime changes the tuner counted (load steps of 2x or
+    more from where the last change left it, a drafter going silent) over the time watched."""
+    from specpilot.tuner.policy.learn import regime_dwell_s
+
+    settings = TunerSettings(candidates=(SpecConfig(),), expected_dwell_s=900.0)
+    state = TunerState.initial(SpecConfig(), 0.0, PRIORS)
+    assert regime_dwell_s(settings, state, 500.0) == 900.0  # nothing watched yet
+    state = state.note_regime(1.0, False, 60.0)  # the first window: where the load starts
+    state = state.note_regime(1.6, False, 120.0)  # drift under 2x is not a new regime
+    assert state.regime_changes == 0
+    state = state.note_regime(20.0, False, 180.0)  # concurrency 1 -> 32
+    state = state.note_regime(28.0, False, 240.0)  # within 2x of where that step left it
+    state = state.note_regime(25.0, True, 300.0)  # the drafter found nothing to propose
+    state = state.note_regime(1.0, False, 360.0)  # back down
+    assert state.regime_changes == 3 and state.regime_batch == 1.0
+    assert regime_dwell_s(settings, state, 360.0) == pytest.approx((900.0 + 300.0) / 4)
+    assert TunerState.from_json(state.to_json()) == state
+    steady = TunerState.initial(SpecConfig(), 0.0, PRIORS).note_regime(4.0, False, 0.0)
+    assert regime_dwell_s(settings, steady, 3600.0) == pytest.approx(4500.0)

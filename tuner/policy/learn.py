@@ -15,7 +15,8 @@ wholly after a switch onto a warm engine (`TunerSettings.warm_switches`), or fro
 window when the tuner has not switched yet, and never from a window in which a speculative
 config drafted nothing (its speed is then a plain server's). A method marked as having drafted
 nothing (`TunerState.no_drafts`) is re-tested, its counts speaking for it again, once
-`retest_after_s` has passed since; the belief names it (`Belief.retested`).
+`retest_after_s` has passed since, an interval set by how long the traffic stays in one regime
+as the tuner saw it (`regime_dwell_s`); the belief names it (`Belief.retested`).
 `learn_trial(observation, config, state, settings, cost, now)` folds a trial's canary window
 the same way for the config it ran (acceptance and throughput residual; not the traffic,
 which the main replicas' windows measure) and says what it learned. Pure: `now` is the only clock.
@@ -79,12 +80,24 @@ def learn(
         )
 
     posterior = settings.acceptance_model == "posterior"
+    was_silent = state.drafted_nothing_since(current.method) is not None
+    # a config's first window after a switch may be a re-test that drafts nothing again: the
+    # traffic did not change then, the tuner's bet on it did
+    settled = state.last_window_s is not None and state.since_s < state.last_window_s
     state = (
         _with_acceptance(state, current, observation, settings, now)
         .learn_traffic(observation, settings.kv_capacity_tokens)
         .served(current, throughput)
     )
-    due = tuple((m, t) for m, t in state.no_drafts if now - t >= retest_after_s(settings))
+    went_silent = (
+        current.speculative
+        and settled
+        and not was_silent
+        and state.drafted_nothing_since(current.method) is not None
+    )
+    state = state.note_regime(batch, went_silent, now)
+    wait = retest_after_s(settings, state, now)
+    due = tuple((m, t) for m, t in state.no_drafts if now - t >= wait)
     state = state.retest([m for m, _ in due])
     context = state.context_tokens or settings.context_tokens
     prompt = state.prompt_tokens if settings.lumpy_prefill else 0.0
@@ -126,17 +139,27 @@ def learn(
     )
 
 
-def retest_after_s(settings: TunerSettings) -> float:
+def retest_after_s(settings: TunerSettings, state: TunerState, now: float) -> float:
     """How long after a method drafted nothing the tuner bets on its counts again.
 
-    Traffic is taken to change regime every `expected_dwell_s` on average. Re-testing every T
-    costs a trial's span (its window, and the restarts there and back) once per T, and a change
-    back to traffic the method can match is found T/2 late on average; with the loss while it
+    Traffic changes regime every `regime_dwell_s` on average. Re-testing every T costs a
+    trial's span (its window, and the restarts there and back) once per T, and a change back
+    to traffic the method can match is found T/2 late on average; with the loss while it
     drafts nothing about the gain it makes when it can, the sum of the two is least at
-    T = sqrt(2 x dwell x span): with the defaults (900 s dwell, 300 s minimum dwell, 60 s
-    restarts) 869 s."""
+    T = sqrt(2 x dwell x span): with the defaults (900 s dwell before any window, 300 s minimum
+    dwell, 60 s restarts) 869 s."""
     span = trial_span_s(settings) + 2.0 * settings.restart_downtime_s
-    return math.sqrt(2.0 * settings.expected_dwell_s * span)
+    return math.sqrt(2.0 * regime_dwell_s(settings, state, now) * span)
+
+
+def regime_dwell_s(settings: TunerSettings, state: TunerState, now: float) -> float:
+    """The traffic's mean time in one regime, learned: the rate of regime changes has a Gamma
+    prior worth one change per `expected_dwell_s` (what the tuner is told), updated by the
+    changes it counted (`TunerState.note_regime`) over the time it watched; this is the mean
+    dwell at the posterior's mean rate. Traffic that keeps changing shortens it, steady traffic
+    lengthens it."""
+    watched = 0.0 if state.watched_since_s is None else max(0.0, now - state.watched_since_s)
+    return (settings.expected_dwell_s + watched) / (1.0 + state.regime_changes)
 
 
 def learn_trial(
