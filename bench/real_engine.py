@@ -1259,6 +1259,13 @@ def summary_table(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+def servers_phrase(report: dict[str, Any], engine: str) -> str:
+    """Whose servers the policies ran on, for the report's opening paragraph."""
+    if report.get("specpilot", {}).get("switch") == "shared":
+        return f"each static policy on its own {engine} server and SpecPilot on theirs"
+    return f"each on its own {engine} server"
+
+
 def pilot_slot_line(report: dict[str, Any]) -> str:
     """How SpecPilot's slots are counted, for the switch the run used."""
     line = (

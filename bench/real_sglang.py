@@ -79,6 +79,7 @@ from real_engine import (  # noqa: E402
     parse_ks,
     pilot_slot_line,
     provenance_lines,
+    servers_phrase,
     summary_table,
     tail_lines,
     with_twin,
@@ -252,9 +253,9 @@ def markdown(report: dict[str, Any]) -> str:
         f"Seeds: `{json.dumps(report['seeds'])}`.",
         *threads_lines(report),
         "",
-        "All policies ran in this one run, on the same shared 2-core machine, each on its own "
-        "SGLang server, all servers up at once (`--sleep-on-idle`) and loaded one at a time in "
-        "interleaved slots: each phase is "
+        "All policies ran in this one run, on the same shared 2-core machine, "
+        f"{servers_phrase(report, 'SGLang')}, all servers up at once (`--sleep-on-idle`) and "
+        "loaded one at a time in interleaved slots: each phase is "
         f"{report['rounds']} rounds of one {report['slot_seconds']:.0f} s slot per policy, "
         "the order rotating, so load from elsewhere spreads over all policies and ratios within "
         "the run compare; absolute figures move with that load. Idle servers burned "

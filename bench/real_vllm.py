@@ -71,6 +71,7 @@ from real_engine import (  # noqa: E402
     parse_ks,
     pilot_slot_line,
     provenance_lines,
+    servers_phrase,
     summary_table,
     tail_lines,
     with_twin,
@@ -166,8 +167,8 @@ def markdown(report: dict[str, Any]) -> str:
         *executor_lines(report),
         "",
         "All policies ran in this one run, on the same shared 2-core machine (other agents' jobs "
-        "ran beside it), each on its own vLLM server, all servers up at once and loaded one at a "
-        "time in interleaved slots: each phase is "
+        f"ran beside it), {servers_phrase(report, 'vLLM')}, all servers up at once and loaded "
+        "one at a time in interleaved slots: each phase is "
         f"{report['rounds']} rounds of one {report['slot_seconds']:.0f} s slot per policy, "
         "the order rotating, so load from elsewhere spreads over all policies and ratios within "
         "the run compare; absolute figures move with that load. Idle servers burned "
@@ -188,7 +189,13 @@ def markdown(report: dict[str, Any]) -> str:
         lines += [
             "",
             "Mean acceptance length per phase, from each server's own vLLM log lines "
-            "(SpecDecoding metrics, weighted by drafted tokens):",
+            "(SpecDecoding metrics, weighted by drafted tokens"
+            + (
+                "; a static server's lines include SpecPilot's slots on it"
+                if report.get("specpilot", {}).get("switch") == "shared"
+                else ""
+            )
+            + "):",
             "",
             "| phase | " + " | ".join(folders) + " |",
             "|---" * (len(folders) + 1) + "|",
