@@ -629,6 +629,25 @@ def overall_tok_s(policies: list[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
+def overall_noise(report: dict[str, Any]) -> float | None:
+    """How far two policies' overall tokens/s differ by chance, as a fraction of the best
+    static's: twice the standard error of their difference, from each phase's slot spread
+    (`slot_cv`) at that phase's best static tokens/s over `rounds` slots, the phases weighed
+    equally (as their equal slot time weighs them in `overall_tok_s`). None for a run that
+    did not record its slots."""
+    rows = report.get("summary") or []
+    if not rows or any("slot_cv" not in r or "best_static" not in r for r in rows):
+        return None
+    ranked = [
+        report["overall_tok_s"][p["policy"]]
+        for p in report["policies"]
+        if p["kind"] == "static" and p["policy"] not in UNRANKED
+    ]
+    per_phase = [r["slot_cv"] * r["tokens_per_s"][r["best_static"]] for r in rows]
+    variance = sum(2.0 * sd * sd / report["rounds"] for sd in per_phase) / len(rows) ** 2
+    return round(2.0 * math.sqrt(variance) / max(ranked), 3)
+
+
 def git_commit(root: Path = ROOT) -> str:
     """HEAD's hash, and a note when the working tree differs from it (the figures then come
     from code that no commit holds exactly)."""
@@ -1379,6 +1398,21 @@ def overall_line(report: dict[str, Any]) -> list[str]:
         "Overall tokens/s over all phases (tokens over slot wall time, SpecPilot's restarts "
         "included): " + ", ".join(f"{k} {v}" for k, v in overall.items()) + ".",
     ]
+    noise = overall_noise(report)
+    pilot = overall.get("specpilot")
+    if noise is not None and pilot is not None:
+        ranked = {
+            p["policy"]: overall[p["policy"]]
+            for p in report["policies"]
+            if p["kind"] == "static" and p["policy"] not in UNRANKED
+        }
+        best = max(ranked, key=lambda k: ranked[k])
+        lines[-1] += (
+            f" SpecPilot / best static ({best}) overall: {pilot / ranked[best]:.3f}; two "
+            f"policies' overall figures differ by chance by up to {noise:.1%} of it (twice "
+            "the standard error of a difference, from the spread between one static server's "
+            "slots: `overall_noise`)."
+        )
     bound = switching_bound(report)
     if bound:  # derived from the figures above
         lines += [

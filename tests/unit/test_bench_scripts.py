@@ -548,3 +548,29 @@ def test_slot_noise_is_twice_the_standard_error_of_a_ratio_of_two_slot_means() -
     noise = harness.slot_noise([[100.0, 110.0, 90.0], [200.0, 220.0, 180.0]])
     assert noise == {"slot_cv": 0.1, "slot_noise": 0.163}
     assert harness.slot_noise([[100.0], [200.0]]) is None  # one slot says nothing of spread
+
+
+def test_overall_noise_adds_each_phase_slot_spread_at_its_best_static_speed() -> None:
+    harness = _load("real_vllm.py") and sys.modules["real_engine"]
+    report = {
+        "rounds": 3,
+        "summary": [
+            {"best_static": "a", "slot_cv": 0.1, "tokens_per_s": {"a": 100.0}},
+            {"best_static": "a", "slot_cv": 0.1, "tokens_per_s": {"a": 300.0}},
+        ],
+        "policies": [
+            {"policy": "a", "kind": "static"},
+            {"policy": harness.TWIN, "kind": "static"},
+            {"policy": "specpilot", "kind": "specpilot"},
+        ],
+        "overall_tok_s": {"a": 200.0, harness.TWIN: 250.0, "specpilot": 210.0},
+    }
+    # phase sds 10 and 30 over 3 slots, a difference of two policies, the mean of 2 phases
+    expected = 2 * ((2 * 10.0**2 / 3 + 2 * 30.0**2 / 3) / 4) ** 0.5 / 200.0
+    assert harness.overall_noise(report) == round(expected, 3)
+    recorded = json.loads((RESULTS / "real_vllm-shared-repeat.json").read_text())
+    line = "".join(harness.overall_line(recorded))
+    assert "SpecPilot / best static (ngram K=5) overall: 1.015" in line
+    assert f"by up to {harness.overall_noise(recorded):.1%}" in line
+    del report["summary"][0]["slot_cv"]  # a run from before slots were recorded
+    assert harness.overall_noise(report) is None
