@@ -105,12 +105,12 @@ class TunerSettings:
     """A switch moves the traffic onto an engine already up and serving warm (a pool of
     servers, one per candidate): the first window wholly after it measures the config's speed.
     False (a restart or a rollout's new pods): that window is a cold engine's, and speed is
-    learned from the second (`policy.learn`). In the real vLLM bench's pool run at 3c72938 (its
-    file in 1f96d7e) the first window after the move to ngram K=5 at concurrency 1 served
-    1324.7 tok/s against the 3009.6 predicted, and the load changed before a second came: never
-    learned. With warm switches (bench/results/real_vllm-pool.md at 9443cd0) K=3's first window
-    was learned, the move to K=5 was predicted at 1481.5 (3104.4 before) and K=5 then served
-    1428.7."""
+    learned from the second (`policy.learn`). On the real vLLM bench's shared servers
+    (bench/results/real_vllm-shared-repeat.md at 9a06d0a) the move to ngram K=5 at
+    concurrency 1 was predicted at 1059.8 tok/s on the chat prior, its first window served
+    1259.3 and was learned, and the next window's prediction read 1331.9 against 1341.6
+    served (phases there are 3 windows long: learning from the second window only would leave
+    one of them unlearned)."""
     max_batch: int = DEFAULT_MAX_BATCH
     """The engine's max-num-seqs (SGLang: max-running-requests): the most concurrent requests a
     forecast can reach, and the batch each config's capacity is read at."""
