@@ -748,6 +748,34 @@ def probe_variant(
         engine.stop()
 
 
+def arm_rounds(
+    ns: argparse.Namespace,
+    report: dict[str, Any],
+    started: float,
+    arms_of_round: Callable[[int], Sequence[str]],
+    measure: Callable[[str, Phase], dict[str, Any]],
+    summarize: Callable[[list[dict[str, dict[str, Any]]]], dict[str, Any]],
+    markdown: Callable[[dict[str, Any]], str],
+) -> None:
+    """The rounds of a one-server probe that compares arms (bench/scrape_cost.py,
+    bench/tick_cost.py): per concurrency of `ns.concurrency`, `ns.rounds` rounds of one slot
+    per arm in the round's order (`arms_of_round`, so drift lands on every arm alike), each
+    slot `measure`d; each concurrency's rounds and their `summarize` appended to
+    `report["concurrencies"]` and the report written to `ns.out` as it grows."""
+    for c in ns.concurrency:
+        phase = Phase(f"c{c} greedy", c, 0.0)
+        rounds: list[dict[str, dict[str, Any]]] = []
+        for r in range(ns.rounds):
+            row = {arm: measure(arm, phase) for arm in arms_of_round(r)}
+            rounds.append(row)
+            print(f"c{c} round {r}: {row}", flush=True)
+        report["concurrencies"].append(
+            {"concurrency": c, "rounds": rounds, "summary": summarize(rounds)}
+        )
+        report["wall_min"] = (time.time() - started) / 60
+        write(report, ns.out, markdown)
+
+
 def environment_lines(
     report: dict[str, Any],
     option: str,

@@ -38,11 +38,11 @@ from real_engine import (  # noqa: E402
     RESULTS,
     Phase,
     TimedEngine,
+    arm_rounds,
     probe_head,
     probe_markdown_head,
     slot,
     warm_up,
-    write,
 )
 from real_vllm import make_engine  # noqa: E402
 
@@ -163,30 +163,20 @@ def main() -> int:
         "concurrencies": [],
     }
     arms: list[float | None] = [None, *ns.intervals]
+    intervals = {arm_name(a): a for a in arms}
     engine = make_engine(ns.port, Path(tempfile.mkdtemp(prefix="scrape-cost-")))
     try:
         engine.apply(SpecConfig())
         warm_up(engine.url)
-        for c in ns.concurrency:
-            phase = Phase(f"c{c} greedy", c, 0.0)
-            rounds: list[dict[str, dict[str, Any]]] = []
-            for r in range(ns.rounds):
-                shift = r % len(arms)
-                row = {
-                    arm_name(a): loaded_slot(engine, phase, ns.slot_seconds, a)
-                    for a in arms[shift:] + arms[:shift]
-                }
-                rounds.append(row)
-                print(
-                    f"c{c} round {r}: "
-                    + ", ".join(f"{k} {v['tokens_per_s']}" for k, v in row.items()),
-                    flush=True,
-                )
-            report["concurrencies"].append(
-                {"concurrency": c, "rounds": rounds, "summary": summarize(rounds)}
-            )
-            report["wall_min"] = (time.time() - started) / 60
-            write(report, ns.out, markdown)
+        arm_rounds(
+            ns,
+            report,
+            started,
+            lambda r: [arm_name(a) for a in arms[r % len(arms) :] + arms[: r % len(arms)]],
+            lambda name, phase: loaded_slot(engine, phase, ns.slot_seconds, intervals[name]),
+            summarize,
+            markdown,
+        )
     finally:
         engine.stop()
     print(markdown(report))

@@ -39,12 +39,12 @@ from real_engine import (  # noqa: E402
     Phase,
     SharedServers,
     TimedEngine,
+    arm_rounds,
     pilot_slot,
     probe_head,
     probe_markdown_head,
     slot,
     warm_up,
-    write,
 )
 from real_vllm import KV_CACHE_GIB, MAX_NUM_SEQS, make_engine  # noqa: E402
 
@@ -161,19 +161,15 @@ def main() -> int:
         engine.apply(config)
         warm_up(engine.url)
         loop = pilot_loop(engine, config, ns.slot_seconds - LEAD_S)
-        for c in ns.concurrency:
-            phase = Phase(f"c{c} greedy", c, 0.0)
-            rounds: list[dict[str, dict[str, Any]]] = []
-            for r in range(ns.rounds):
-                order = ARMS if r % 2 == 0 else ARMS[::-1]
-                row = {arm: run_arm(arm, engine, loop, phase, ns.slot_seconds) for arm in order}
-                rounds.append(row)
-                print(f"c{c} round {r}: {row}", flush=True)
-            report["concurrencies"].append(
-                {"concurrency": c, "rounds": rounds, "summary": summarize(rounds)}
-            )
-            report["wall_min"] = (time.time() - started) / 60
-            write(report, ns.out, markdown)
+        arm_rounds(
+            ns,
+            report,
+            started,
+            lambda r: ARMS if r % 2 == 0 else ARMS[::-1],
+            lambda arm, phase: run_arm(arm, engine, loop, phase, ns.slot_seconds),
+            summarize,
+            markdown,
+        )
     finally:
         engine.stop()
     print(markdown(report))

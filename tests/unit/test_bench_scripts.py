@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import re
@@ -581,3 +582,31 @@ def test_overall_noise_adds_each_phase_slot_spread_at_its_best_static_speed() ->
     assert f"by up to {harness.overall_noise(recorded):.1%}" in line
     del report["summary"][0]["slot_cv"]  # a run from before slots were recorded
     assert harness.overall_noise(report) is None
+
+
+def test_arm_rounds_measures_every_arm_per_round_in_the_round_s_order(tmp_path: Path) -> None:
+    harness = _load("real_vllm.py") and sys.modules["real_engine"]
+    ns = argparse.Namespace(concurrency=[1, 4], rounds=2, out=tmp_path / "probe.json")
+    report: dict[str, Any] = {"concurrencies": []}
+    measured: list[tuple[str, int]] = []
+
+    def measure(arm: str, phase: Any) -> dict[str, Any]:
+        measured.append((arm, phase.concurrency))
+        return {"tokens_per_s": float(len(measured))}
+
+    harness.arm_rounds(
+        ns,
+        report,
+        0.0,
+        lambda r: ("a", "b") if r % 2 == 0 else ("b", "a"),
+        measure,
+        lambda rounds: {"rounds": len(rounds)},
+        lambda rep: f"{len(rep['concurrencies'])} concurrencies\n",
+    )
+    per_concurrency = [("a", "b"), ("b", "a")]
+    assert measured == [(arm, c) for c in (1, 4) for order in per_concurrency for arm in order]
+    assert [c["summary"] for c in report["concurrencies"]] == [{"rounds": 2}, {"rounds": 2}]
+    assert json.loads(ns.out.read_text())["concurrencies"][1]["rounds"][1]["a"] == {
+        "tokens_per_s": 8.0
+    }
+    assert ns.out.with_suffix(".md").read_text() == "2 concurrencies\n"
