@@ -13,7 +13,7 @@ the ratio is the tick's cost alone. The tuner's step cost is the H100 catalog's 
 decides does not matter here; that it decides does). Each slot records its tokens/s and the
 tick's CPU milliseconds in its thread (`time.thread_time`).
 
-Run: HF_HUB_OFFLINE=1 .venv/bin/python bench/tick_cost.py   (~6 min on 2 cores; a quiet host)
+Run: HF_HUB_OFFLINE=1 .venv/bin/python bench/tick_cost.py   (~5 min on 2 cores; a quiet host)
 Writes bench/results/tick_cost.json and .md.
 """
 

@@ -345,7 +345,8 @@ class TunerState:
         stepped by REGIME_BATCH_STEP from `regime_batch`, or the running method went silent
         (`went_silent`: the caller knows whether it drafted in its previous window)."""
         if self.watched_since_s is None or self.regime_batch <= 0:
-            return replace(self, watched_since_s=self.watched_since_s or now, regime_batch=batch)
+            since = now if self.watched_since_s is None else self.watched_since_s
+            return replace(self, watched_since_s=since, regime_batch=batch)
         stepped = abs(math.log(batch / self.regime_batch)) >= math.log(REGIME_BATCH_STEP)
         if not (stepped or went_silent):
             return self
