@@ -154,12 +154,12 @@ class TimedEngine(LocalEngine):
 class SharedServers:
     """SpecPilot's actuator for `--switch shared`: its clients move between the static
     policies' own servers, one per candidate config, instead of servers of its own. SpecPilot
-    running a config and that config's static policy are then measured on one server, so the
-    spread between two servers of one config (about 10% per phase here, more than the twin
-    pair shows) leaves their comparison. Slots never overlap, so a server serves one policy at
-    a time, and the loop's window lies inside SpecPilot's slot: it reads only its own traffic.
-    A switch is a move of the clients, as in a pool; the servers' processes belong to the
-    static policies (started, stopped and counted there)."""
+    running a config and that config's static policy are then measured on one server, so any
+    difference between two servers of one config leaves their comparison (what remains is the
+    spread between one server's slots: `slot_noise`). Slots never overlap, so a server serves
+    one policy at a time, and the loop's window lies inside SpecPilot's slot: it reads only its
+    own traffic. A switch is a move of the clients, as in a pool; the servers' processes belong
+    to the static policies (started, stopped and counted there)."""
 
     servers: Mapping[SpecConfig, TimedEngine]
     config: SpecConfig | None = None
@@ -638,14 +638,19 @@ def overall_noise(report: dict[str, Any]) -> float | None:
     rows = report.get("summary") or []
     if not rows or any("slot_cv" not in r or "best_static" not in r for r in rows):
         return None
-    ranked = [
-        report["overall_tok_s"][p["policy"]]
-        for p in report["policies"]
-        if p["kind"] == "static" and p["policy"] not in UNRANKED
-    ]
+    ranked = ranked_overall(report)
     per_phase = [r["slot_cv"] * r["tokens_per_s"][r["best_static"]] for r in rows]
     variance = sum(2.0 * sd * sd / report["rounds"] for sd in per_phase) / len(rows) ** 2
-    return round(2.0 * math.sqrt(variance) / max(ranked), 3)
+    return round(2.0 * math.sqrt(variance) / max(ranked.values()), 3)
+
+
+def ranked_overall(report: dict[str, Any]) -> dict[str, float]:
+    """Overall tokens/s of the ranked static policies (not `UNRANKED` ones)."""
+    return {
+        p["policy"]: report["overall_tok_s"][p["policy"]]
+        for p in report["policies"]
+        if p["kind"] == "static" and p["policy"] not in UNRANKED
+    }
 
 
 def git_commit(root: Path = ROOT) -> str:
@@ -1429,11 +1434,7 @@ def overall_line(report: dict[str, Any]) -> list[str]:
     noise = overall_noise(report)
     pilot = overall.get("specpilot")
     if noise is not None and pilot is not None:
-        ranked = {
-            p["policy"]: overall[p["policy"]]
-            for p in report["policies"]
-            if p["kind"] == "static" and p["policy"] not in UNRANKED
-        }
+        ranked = ranked_overall(report)
         best = max(ranked, key=lambda k: ranked[k])
         lines[-1] += (
             f" SpecPilot / best static ({best}) overall: {pilot / ranked[best]:.3f}; two "
