@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import replace
 
 import pytest
@@ -217,6 +218,28 @@ def test_a_rollout_one_pod_at_a_time_enters_only_what_the_pods_left_serving_hold
     assert settings(rollout_share=0.0).entry_margin() == settings().capacity_margin
 
 
+def test_a_stay_names_the_faster_config_its_capacity_rules_out() -> None:
+    # half the pods left serving in a rollout: EAGLE-3 serves batch 24 faster per token, but
+    # its capacity is short of the load ahead with a 140% margin (the test above)
+    held = run("latency", NO_SPEC, [24.0] * 4, rollout_share=0.5)
+    assert held.action == "stay", held.reason
+    assert "eagle3 K=5 would serve" in held.reason, held.reason
+    assert "140% margin" in held.reason, held.reason
+    assert "not yet run on the main replicas" in held.reason, held.reason
+    figures = re.search(
+        r"at ([\d.]+) ms/token vs ([\d.]+) now, but its capacity, (\d+) tok/s \((\d+) "
+        r"predicted.*short of the (\d+) the load ahead needs \((\d+) with",
+        held.reason,
+    )
+    assert figures is not None, held.reason
+    faster, now, sure, predicted, need, load = (float(g) for g in figures.groups())
+    assert faster * (1 + settings().hysteresis) < now
+    assert sure < predicted and sure < need == pytest.approx(load * 2.4, abs=1.0)
+    # nothing faster ruled out: the running config is predicted best, and the reason says so
+    light = run("latency", EAGLE, [4.0] * 4)
+    assert light.action == "stay" and "is predicted best" in light.reason, light.reason
+
+
 def test_a_config_that_could_not_carry_a_recent_peak_is_not_entered() -> None:
     # bursty traffic comes back to its peaks: at batch 24 EAGLE-3 is entered after a steady
     # load, not two windows after no speculation ran at max-num-seqs with a queue
@@ -277,9 +300,9 @@ def test_no_canary_trial_is_made_while_requests_wait() -> None:
         surrogate=surrogate,
     )
     on_a_canary = replace(settings(), exploration=1.0, trial_share=0.25)
-    _, calm = propose_for_latency(belief, CANDIDATES, on_a_canary, waiting=0.0)
+    _, calm, _ = propose_for_latency(belief, CANDIDATES, on_a_canary, waiting=0.0)
     assert calm is not None and calm.trial and calm.config == EAGLE, calm
-    _, queued = propose_for_latency(belief, CANDIDATES, on_a_canary, waiting=5.0)
+    _, queued, _ = propose_for_latency(belief, CANDIDATES, on_a_canary, waiting=5.0)
     assert queued is None, queued
 
 
@@ -370,10 +393,11 @@ def test_a_move_for_capacity_off_speculation_trusts_the_baseline() -> None:
         acceptance=PRIORS,
         surrogate=surrogate,
     )
-    _, proposal = propose_for_latency(belief, CANDIDATES, chosen, waiting=100.0)
+    _, proposal, _ = propose_for_latency(belief, CANDIDATES, chosen, waiting=100.0)
     assert proposal is not None and proposal.config == NO_SPEC and proposal.for_capacity
     never_ran = replace(ran, residuals=residuals[:1])
-    _, baseline = propose_for_latency(replace(belief, state=never_ran), CANDIDATES, chosen, 100.0)
+    unmeasured = replace(belief, state=never_ran)
+    _, baseline, _ = propose_for_latency(unmeasured, CANDIDATES, chosen, 100.0)
     assert baseline is not None and baseline.config == NO_SPEC and baseline.for_capacity
 
 
@@ -421,22 +445,22 @@ def test_a_method_left_for_capacity_is_held_to_what_it_served_until_it_serves_mo
     chosen = replace(settings(), synthesize_schedules=False)
     fresh = TunerState.initial(NO_SPEC, 0.0, PRIORS)
     belief, demand = _belief_at(fresh, 32.0)
-    _, free = propose_for_latency(belief, CANDIDATES, chosen, waiting=0.0)
+    _, free, _ = propose_for_latency(belief, CANDIDATES, chosen, waiting=0.0)
     assert free is not None and free.config == EAGLE  # the prior says it keeps up
     left = fresh.left_for_capacity("eagle3", demand)
-    _, held = propose_for_latency(replace(belief, state=left), CANDIDATES, chosen, waiting=0.0)
+    _, held, _ = propose_for_latency(replace(belief, state=left), CANDIDATES, chosen, waiting=0.0)
     assert held is None or held.config != EAGLE
     # well below what it served (the capacity margin to spare): it may return
     lower, low_demand = _belief_at(left, 8.0)
     assert low_demand * (1 + chosen.capacity_margin) < demand
-    _, back = propose_for_latency(lower, CANDIDATES, chosen, waiting=0.0)
+    _, back, _ = propose_for_latency(lower, CANDIDATES, chosen, waiting=0.0)
     assert back is not None and back.config == EAGLE
     # serving more than that lifts the ceiling; other configs do not
     assert left.served(NO_SPEC, 3 * demand) == left
     assert left.served(EAGLE, 0.5 * demand) == left
     lifted = left.served(EAGLE, 2 * demand)
     assert lifted.capacity_exits == (("eagle3", 2 * demand),)
-    _, again = propose_for_latency(replace(belief, state=lifted), CANDIDATES, chosen, 0.0)
+    _, again, _ = propose_for_latency(replace(belief, state=lifted), CANDIDATES, chosen, 0.0)
     assert again is not None and again.config == EAGLE
 
 

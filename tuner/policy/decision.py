@@ -2,13 +2,14 @@
 
 Contract: `decide(observation, state, settings, cost, now)` returns a `Decision` and the next
 `TunerState`; pure, `now` is the only clock. It holds (regime "unknown") when `learn` says the
-window lacks what it needs, stays when `propose` finds nothing better or `gate` says not now,
-and otherwise switches (or turns speculation off), restarting the dwell and spending a restart;
-leaving a speculative method for capacity, it records what that method served. A move for
-capacity only the forecast load needs (`Proposal.on_forecast`) waits for a second window in a
-row that proposes one with the batch still moving with its trend (`plan.trend_holds`). A move
-that re-tests a method which drafted nothing (`Belief.retested`) is a trial where a canary can
-run it (`TunerSettings.trial_share` below 1).
+window lacks what it needs, stays when `propose` finds nothing better (saying so, or which
+faster config it passed over and why) or `gate` says not now, and otherwise switches (or
+turns speculation off), restarting the dwell and spending a restart; leaving a speculative
+method for capacity, it records what that method served. A move for capacity only the forecast
+load needs (`Proposal.on_forecast`) waits for a second window in a row that proposes one with
+the batch still moving with its trend (`plan.trend_holds`). A move that re-tests a method which
+drafted nothing (`Belief.retested`) is a trial where a canary can run it
+(`TunerSettings.trial_share` below 1).
 `judge_trial(main, canary, config, state, settings, cost, now)` says whether a trial's canary
 earns its promotion once what it served is learned, or which config of its method the tuner
 would move to instead (`TrialVerdict`).
@@ -62,7 +63,9 @@ def decide(
     if isinstance(belief, str):
         return _stay(state.current, belief, regime="unknown"), state
     state, current, batch = belief.state, belief.state.current, belief.batch
-    running, proposal = propose(belief, settings, cost, observation.waiting_requests or 0.0)
+    running, proposal, passed_over = propose(
+        belief, settings, cost, observation.waiting_requests or 0.0
+    )
     on_forecast = proposal is not None and proposal.on_forecast
     confirmed = state.forecast_shortfall and trend_holds(state.recent_batches)
     state = replace(state, forecast_shortfall=on_forecast)
@@ -80,7 +83,11 @@ def decide(
             running,
         ), state
     if proposal is None:
-        best = f"{current.describe()} is predicted best at batch {batch:.1f} ({running.regime})"
+        at = f"at batch {batch:.1f} ({running.regime})"
+        best = f"{current.describe()} is predicted best {at}"
+        if passed_over is not None:
+            # "predicted best" would hide that a faster config was ruled out on capacity
+            best = f"{current.describe()} stays {at}: {passed_over}"
         return _stay(current, best, running.regime, running), state
     held = gate(proposal, running, belief, settings, cost, now)
     if held is not None:

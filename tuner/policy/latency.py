@@ -199,6 +199,11 @@ def steady_batch(curve: Curve, demand: float) -> float:
     return _steady(curve, demand)[0]
 
 
+def steady_tpot(curve: Curve, demand: float) -> float:
+    """The per-token latency a config serves `demand` at, once settled (see `steady_batch`)."""
+    return _steady(curve, demand)[1]
+
+
 def _steady(curve: Curve, demand: float) -> tuple[float, float, float]:
     """The batch where the config's throughput meets the demand, and its per-token latency
     there, interpolated log-log between the grid's points (below the first point the engine

@@ -10,9 +10,10 @@ capacity held to what it served then (`TunerState.capacity_exits`). On a canary,
 made under a queue (the running config overloaded, or requests waiting) or while the
 replicas a canary's start leaves could not carry the load ahead (`short_in_the_canary_start`).
 A move for capacity the running config lacks only at the forecast load, not at any load seen,
-is marked `on_forecast`. It returns the running config's prediction and a `Proposal`
+is marked `on_forecast`. It returns the running config's prediction, a `Proposal`
 in the objective's units (tokens/s served, scaled by the per-token latency gain; see
-`latency.rate`), or None. The proposal's
+`latency.rate`) or None, and with None, why a config that would serve the demand faster per
+token was passed over (`passed_over`: its capacity short of the load ahead), or None. The proposal's
 `speed_gain` is the per-sequence speed gain at the window's batch, without the overload price:
 what the control loop checks after a switch, when the batch has not moved much. Pure.
 """
@@ -28,6 +29,7 @@ from specpilot.tuner.policy.latency import (
     QUEUED_REQUESTS,
     Curve,
     LatencyScore,
+    backlog_point,
     batch_limit,
     latency_score,
     load_curves,
@@ -35,6 +37,7 @@ from specpilot.tuner.policy.latency import (
     overload_unit,
     rate,
     steady_batch,
+    steady_tpot,
     throughput_at,
 )
 from specpilot.tuner.policy.learn import Belief
@@ -82,7 +85,7 @@ def demand_ahead(
 
 def propose_for_latency(
     belief: Belief, space: Sequence[SpecConfig], settings: TunerSettings, waiting: float
-) -> tuple[Prediction, Proposal | None]:
+) -> tuple[Prediction, Proposal | None, str | None]:
     state, surrogate, batch, context = belief.state, belief.surrogate, belief.batch, belief.context
     current = state.current
     configs = list(dict.fromkeys([*space, current]))
@@ -170,29 +173,81 @@ def propose_for_latency(
         why = "predicted faster for users"
         if running_score.overloaded:
             why = "capacity short of the load ahead"
-        return running, Proposal(
-            config=best_config,
-            prediction=best,
-            improvement=best.tokens_per_s - served,
-            gain=best.tokens_per_s / served - 1.0,
-            why=why,
-            speed_gain=now.tpot_s / at_batch[best_config].tpot_s - 1.0,
-            for_capacity=running_score.overloaded,
-            on_forecast=running_score.overloaded
-            and not latency_score(current, curves[current], demand, seen, 0.0, unit).overloaded,
-            detail=detail,
-            headroom=headroom(scores[best_config], peak),
+        return (
+            running,
+            Proposal(
+                config=best_config,
+                prediction=best,
+                improvement=best.tokens_per_s - served,
+                gain=best.tokens_per_s / served - 1.0,
+                why=why,
+                speed_gain=now.tpot_s / at_batch[best_config].tpot_s - 1.0,
+                for_capacity=running_score.overloaded,
+                on_forecast=running_score.overloaded
+                and not latency_score(current, curves[current], demand, seen, 0.0, unit).overloaded,
+                detail=detail,
+                headroom=headroom(scores[best_config], peak),
+            ),
+            None,
         )
     if trial is None:
-        return running, None
+        return running, None, passed_over(scores, curves, current, demand, peak, settings, ran)
     config = trial[0]
-    return running, trial_proposal(
-        trial,
-        served,
-        settings,
-        speed_gain=now.tpot_s / at_batch[config].tpot_s - 1.0,
-        detail=_detail(scores[config], running_score, demand, peak),
-        for_capacity=running_score.overloaded,
+    return (
+        running,
+        trial_proposal(
+            trial,
+            served,
+            settings,
+            speed_gain=now.tpot_s / at_batch[config].tpot_s - 1.0,
+            detail=_detail(scores[config], running_score, demand, peak),
+            for_capacity=running_score.overloaded,
+        ),
+        None,
+    )
+
+
+def passed_over(
+    scores: dict[SpecConfig, LatencyScore],
+    curves: dict[SpecConfig, Curve],
+    current: SpecConfig,
+    demand: float,
+    peak: float,
+    settings: TunerSettings,
+    ran: set[SpecConfig],
+) -> str | None:
+    """Why the running config stays although another would serve today's demand faster per
+    token (by more than the hysteresis): that config's capacity, as the objective reads it,
+    is short of the load ahead with the entry margin. None when no such config exists, or
+    when the running config is itself overloaded (then the queue, not speed, decides)."""
+    running = scores[current]
+    if running.overloaded:
+        return None
+    faster = []
+    for config, score in scores.items():
+        if config == current or not score.overloaded:
+            continue
+        if max(p.tokens_per_s for _, p in curves[config]) < demand:
+            continue  # it could not serve today's demand at any batch: no speed to pass over
+        tpot = steady_tpot(curves[config], demand)
+        if tpot * (1.0 + settings.hysteresis) < running.tpot_s:
+            faster.append((tpot, config, score))
+    if not faster:
+        return None
+    tpot, config, score = min(faster, key=lambda item: item[0])
+    caution = settings.entry_caution_sd if config not in ran and config.speculative else 0.0
+    sure = score.capacity * math.exp(-caution * score.uncertainty)
+    read = f"{score.capacity:.0f} predicted"
+    if caution:
+        read += f", read {caution:g} sd down: not yet run on the main replicas"
+    if score.capacity < backlog_point(curves[config])[1].tokens_per_s:
+        read += ", capped at what it served when it was left for capacity"
+    margin = settings.entry_margin()
+    return (
+        f"{config.describe()} would serve the {demand:.0f} tok/s offered at "
+        f"{tpot * 1e3:.1f} ms/token vs {running.tpot_s * 1e3:.1f} now, but its capacity, "
+        f"{sure:.0f} tok/s ({read}), is short of the {max(demand, peak) * (1 + margin):.0f} "
+        f"the load ahead needs ({max(demand, peak):.0f} with a {margin:.0%} margin)"
     )
 
 

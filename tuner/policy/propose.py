@@ -7,7 +7,8 @@ keeps those predicted to meet the per-token SLO (all of them when none does), an
 load is moving, rescales each by its merit over the dwell ahead (`plan.plan_ahead`). It returns
 the running config's prediction (planned the same way) and a `Proposal`: the best config when
 it is not the running one, or else the trial with the largest expected improvement whose
-downside is bounded; None when neither exists. Pure.
+downside is bounded; None when neither exists; and, with None, why a config predicted faster
+was passed over (the latency objective's; None for the others). Pure.
 """
 
 from __future__ import annotations
@@ -30,9 +31,10 @@ from specpilot.tuner.state import TunerState
 
 def propose(
     belief: Belief, settings: TunerSettings, cost: StepCost, waiting: float = 0.0
-) -> tuple[Prediction, Proposal | None]:
+) -> tuple[Prediction, Proposal | None, str | None]:
     """`waiting`: the window's mean queued requests (the latency objective reads the demand
-    the served rate hides from it)."""
+    the served rate hides from it). The third element, with no proposal, says why a config
+    predicted faster per token is not it (the latency objective's `passed_over`)."""
     state, surrogate, batch, context = belief.state, belief.surrogate, belief.batch, belief.context
     current = state.current
     space = _space(settings, belief.acceptance, cost, state.prefill_ratio, context)
@@ -53,16 +55,20 @@ def propose(
         why = "predicted faster"
         if forecast is not None:
             why += f" (load heading to batch {forecast:.0f})"
-        return running, Proposal(
-            config=best_config,
-            prediction=best,
-            improvement=best.tokens_per_s - running.tokens_per_s,
-            gain=best.tokens_per_s / running.tokens_per_s - 1.0,
-            why=why,
+        return (
+            running,
+            Proposal(
+                config=best_config,
+                prediction=best,
+                improvement=best.tokens_per_s - running.tokens_per_s,
+                gain=best.tokens_per_s / running.tokens_per_s - 1.0,
+                why=why,
+            ),
+            None,
         )
     if trial is None:
-        return running, None
-    return running, trial_proposal(trial, running.tokens_per_s, settings)
+        return running, None, None
+    return running, trial_proposal(trial, running.tokens_per_s, settings), None
 
 
 def acceptance_note(
