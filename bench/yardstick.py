@@ -3,7 +3,9 @@ traffic, both engine dialects and two rollout strategies; writes bench/results/y
 
 Run: .venv/bin/python bench/yardstick.py [--only NAME ...] [--worlds N]
 Each run is one `specpilot bench` command (recorded in its JSON with the commit, seeds and wall
-time); the Markdown beside it is the summary table (medians over worlds).
+time); the Markdown beside it is the summary table (medians over worlds, or over a sweep's
+(rate, world) cells) and SpecPilot against every fixed policy world by world (`render`;
+`--render-only` rewrites it from the JSON without running).
 `poisson-vllm-start-eagle3` is the Poisson sweep with SpecPilot started on EAGLE-3 K=3 (the
 SpecDeployment's default start) instead of the bench's speculation off.
 """
@@ -12,9 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
-from specpilot.operator.app.bench.report import markdown
+from specpilot.operator.app.bench.report import against_fixed, markdown
 from specpilot.operator.app.cli import main as specpilot
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -43,29 +48,98 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--only", nargs="*", choices=sorted(RUNS), help="runs to redo")
     parser.add_argument("--worlds", type=int, default=10)
+    parser.add_argument(
+        "--render-only",
+        action="store_true",
+        help="rewrite the Markdown from the JSON already in bench/results (no run)",
+    )
     ns = parser.parse_args()
     RESULTS.mkdir(exist_ok=True)
     for name in ns.only or RUNS:
         out = RESULTS / f"yardstick-{name}.json"
-        code = specpilot(["bench", *RUNS[name], "--worlds", str(ns.worlds), "--json", str(out)])
-        if code != 0:
-            raise SystemExit(f"{name}: specpilot bench exited {code}")
+        if not ns.render_only:
+            command = ["bench", *RUNS[name], "--worlds", str(ns.worlds), "--json", str(out)]
+            code = specpilot(command)
+            if code != 0:
+                raise SystemExit(f"{name}: specpilot bench exited {code}")
         report = json.loads(out.read_text(encoding="utf-8"))
-        text = [
-            f"# {name}\n",
-            f"Command: `{report['command']}`  ",
-            f"Commit: {report['commit']}; seeds {report['seeds']}; wall {report['wall_s']} s; "
-            f"no-speculation capacity {report['setup']['no_spec_capacity_rps']} req/s per "
-            f"deployment (nominal world).\n",
-            "Medians over worlds (the tuner is told none of them); hindsight is a reference "
-            "(free switches, best static per window), not an upper bound.\n",
-            markdown(report["summary"]),
+        (RESULTS / f"yardstick-{name}.md").write_text(render(name, report), encoding="utf-8")
+
+
+def render(name: str, report: Mapping[str, Any]) -> str:
+    """The run's Markdown: its provenance, the summary table (medians over worlds, or over the
+    sweep's (rate, world) cells), and SpecPilot against the fixed policies world by world:
+    per rate for a Poisson sweep, where the median cell hides which rates it wins and loses."""
+    traffics = report["traffics"]
+    sweep = len(traffics) > 1
+    cells = sum(len(t["worlds"]) for t in traffics)
+    over = f"the sweep's {cells} (rate, world) cells" if sweep else "worlds"
+    text = [
+        f"# {name}\n",
+        f"Command: `{report['command']}`  ",
+        f"Commit: {report['commit']}; seeds {report['seeds']}; wall {report['wall_s']} s; "
+        f"no-speculation capacity {report['setup']['no_spec_capacity_rps']} req/s per "
+        f"deployment (nominal world).  ",
+        f"Rendered from the JSON by `bench/yardstick.py` at {git_head()}.\n",
+        f"Medians over {over} (the tuner is told none of the worlds); hindsight is a reference "
+        "(free switches, best static per window), not an upper bound.\n",
+        markdown(report["summary"]),
+        *against_fixed_lines(traffics),
+    ]
+    if "capacity_at_90pct_attainment" in report:
+        text.append("\nCapacity at 90% standard-tier attainment (req/s):\n")
+        for policy, rate in report["capacity_at_90pct_attainment"].items():
+            text.append(f"- {policy}: {rate}")
+    return "\n".join(text) + "\n"
+
+
+def against_fixed_lines(traffics: Sequence[Mapping[str, Any]]) -> list[str]:
+    """SpecPilot's mean E2E latency against the best fixed policy (static configs and engine
+    baselines) of each world: per traffic, and for a sweep also pooled over its rates."""
+    lines = [
+        "\nSpecPilot against the fixed policies (every static config and engine baseline), "
+        "world by world: the worlds where its mean E2E latency is below all of them, and its "
+        "ratio to the best of them in each world (min / median / max).\n",
+        "| traffic | worlds below every fixed policy | ratio to the best fixed: min | median "
+        "| max |",
+        "|---|---|---|---|---|",
+    ]
+    rows = [(t["name"], [w["policies"] for w in t["worlds"]]) for t in traffics]
+    if len(traffics) > 1:
+        pooled = [
+            pool([t["worlds"][i]["policies"] for t in traffics])
+            for i in range(len(traffics[0]["worlds"]))
         ]
-        if "capacity_at_90pct_attainment" in report:
-            text.append("\nCapacity at 90% standard-tier attainment (req/s):\n")
-            for policy, rate in report["capacity_at_90pct_attainment"].items():
-                text.append(f"- {policy}: {rate}")
-        (RESULTS / f"yardstick-{name}.md").write_text("\n".join(text) + "\n", encoding="utf-8")
+        rows.append(("all rates pooled (the overloaded rates' queues dominate it)", pooled))
+    for label, worlds in rows:
+        found = against_fixed(worlds)
+        if found is None:
+            continue
+        ratio = found["ratio_to_best_fixed"]
+        lines.append(
+            f"| {label} | {found['below_every_fixed']} of {found['worlds']} | "
+            f"{ratio['min']:.3f} | {ratio['median']:.3f} | {ratio['max']:.3f} |"
+        )
+    return lines
+
+
+def pool(cells: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
+    """One world's policies over several traffics as one: each policy's mean E2E latency over
+    all their requests (every cell's mean weighed by its requests)."""
+    names = set.intersection(*(set(c) for c in cells))
+    pooled = {}
+    for name in names:
+        requests = sum(c[name]["requests"] for c in cells)
+        total = sum(c[name]["e2el_ms_mean"] * c[name]["requests"] for c in cells)
+        pooled[name] = {"e2el_ms_mean": total / requests if requests else 0.0}
+    return pooled
+
+
+def git_head() -> str:
+    found = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=RESULTS
+    )
+    return found.stdout.strip() or "an unknown commit"
 
 
 if __name__ == "__main__":

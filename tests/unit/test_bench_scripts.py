@@ -610,3 +610,52 @@ def test_arm_rounds_measures_every_arm_per_round_in_the_round_s_order(tmp_path: 
         "tokens_per_s": 8.0
     }
     assert ns.out.with_suffix(".md").read_text() == "2 concurrencies\n"
+
+
+def _cell(e2el_ms: dict[str, float]) -> dict[str, dict[str, float]]:
+    """One world's policies at one traffic: each policy's mean E2E latency, 100 requests."""
+    return {name: {"e2el_ms_mean": v, "requests": 100} for name, v in e2el_ms.items()}
+
+
+def test_the_yardstick_counts_worlds_below_every_fixed_policy_per_rate_and_pooled() -> None:
+    yardstick = _load("yardstick.py")
+    # hindsight and SpecPilot's variants are not fixed policies: beating them is not required
+    sp, ns, k3 = "specpilot", "no-spec", "static:eagle3 K=3"
+    hs, explore = "hindsight", "specpilot:exploration"
+    low = [
+        _cell({sp: 90.0, ns: 100.0, k3: 95.0, hs: 80.0}),
+        _cell({sp: 96.0, ns: 100.0, k3: 95.0, explore: 50.0}),
+    ]
+    high = [
+        _cell({sp: 1000.0, ns: 1000.0, k3: 3000.0, hs: 900.0}),
+        _cell({sp: 1000.0, ns: 1000.0, k3: 3000.0}),
+    ]
+    traffics = [
+        {"name": "poisson-0.1", "worlds": [{"policies": c} for c in low]},
+        {"name": "poisson-1.3", "worlds": [{"policies": c} for c in high]},
+    ]
+    rows = {
+        line.split(" | ")[0].lstrip("| "): line
+        for line in yardstick.against_fixed_lines(traffics)
+        if line.startswith("| poisson") or line.startswith("| all rates")
+    }
+    assert "| 1 of 2 | 0.947 | 0.979 | 1.011 |" in rows["poisson-0.1"]
+    assert "| 0 of 2 | 1.000 | 1.000 | 1.000 |" in rows["poisson-1.3"]
+    # pooled per world over both rates, requests-weighted: world 0 545 against no-spec's 550
+    pooled = yardstick.pool([low[0], high[0]])
+    assert pooled["specpilot"]["e2el_ms_mean"] == pytest.approx(545.0)
+    assert next(r for k, r in rows.items() if k.startswith("all rates")).count("2 of 2") == 1
+    # one traffic: no pooled row
+    single = yardstick.against_fixed_lines(traffics[:1])
+    assert not any(line.startswith("| all rates") for line in single)
+
+
+def test_the_committed_yardstick_markdown_renders_from_its_json() -> None:
+    yardstick = _load("yardstick.py")
+    for name in yardstick.RUNS:
+        report = json.loads((RESULTS / f"yardstick-{name}.json").read_text())
+        rendered = re.sub(r"at [0-9a-f]{7,}\.", "at HEAD.", yardstick.render(name, report))
+        committed = re.sub(
+            r"at [0-9a-f]{7,}\.", "at HEAD.", (RESULTS / f"yardstick-{name}.md").read_text()
+        )
+        assert rendered == committed, name

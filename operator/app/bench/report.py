@@ -7,7 +7,8 @@ the requests of the static config whose mean E2E latency was lowest there, switc
 (a reference, not an upper bound: it ignores what a switch costs and what a window inherits).
 `summary(world_reports)` is the top-level list, one entry per policy, each figure the median
 over worlds, plus `worst_world_e2el_ratio_vs_no_spec` (the largest, over worlds, of the
-policy's mean E2E latency over no speculation's in the same world).
+policy's mean E2E latency over no speculation's in the same world). `against_fixed` counts
+the worlds where SpecPilot's mean E2E latency is below every fixed policy's.
 """
 
 from __future__ import annotations
@@ -95,6 +96,35 @@ def summary(world_reports: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def against_fixed(
+    world_reports: Sequence[Mapping[str, Any]], policy: str = SPECPILOT
+) -> dict[str, Any] | None:
+    """How `policy`'s mean E2E latency compares, world by world, with every fixed policy (each
+    static config and each engine baseline; not the tuner's variants, not hindsight): in how
+    many worlds it is below all of them (the yardstick's "in at least 8 of 10 worlds"), and
+    its ratio to the best fixed policy of each world. None without such worlds."""
+    ratios = []
+    for policies in world_reports:
+        fixed = [
+            float(v["e2el_ms_mean"])
+            for name, v in policies.items()
+            if name not in (SPECPILOT, *TUNED, HINDSIGHT) and float(v["e2el_ms_mean"]) > 0
+        ]
+        if policy in policies and fixed:
+            ratios.append(float(policies[policy]["e2el_ms_mean"]) / min(fixed))
+    if not ratios:
+        return None
+    return {
+        "worlds": len(ratios),
+        "below_every_fixed": sum(r < 1.0 for r in ratios),
+        "ratio_to_best_fixed": {
+            "min": round(min(ratios), 3),
+            "median": round(statistics.median(ratios), 3),
+            "max": round(max(ratios), 3),
+        },
+    }
 
 
 def markdown(entries: Sequence[Mapping[str, Any]]) -> str:
