@@ -16,11 +16,12 @@ speculation, the full tuner and each ablation (operator/app/bench/policies.py, `
   `tuning.explore`) since the ablation of them (`specpilot:no-exploration`, at 1f4dd35) found
   they paid for themselves in none of 50 four-replica world runs and cost in 12
   (`git show 480abcd:bench/results/ablations.md`). The control loop lets the tuner explore
-  only where a trial runs on a canary (operator/loop.py), so this is run only with 4 replicas
-  (`poisson-vllm-4x-one-at-a-time`, the sweep at four rates, and `azure-vllm-4x-surge`, where
-  it alone is run beside the tuner and no speculation); with trials on all of the traffic it
-  paid for itself in none of 90 one-replica world runs (`git show
-  d04e071:bench/results/ablations.md`).
+  only where a trial runs on a canary (operator/loop.py), so this is run with 4 replicas
+  (`poisson-vllm-4x-one-at-a-time`, the sweep at four rates, and `azure-vllm-4x-surge`) and
+  with one replica and a surge rollout, whose spare GPU holds a canary beside the replica at
+  half the traffic (`poisson-vllm-exploration`, `azure-vllm-surge-exploration`), each time
+  alone beside the tuner and no speculation; with trials on all of the traffic it paid for
+  itself in none of 90 one-replica world runs (`git show d04e071:bench/results/ablations.md`).
 Writes bench/results/ablations-NAME.json (the bench's report: commit, command, seeds) and
 ablations.md: per run, each policy's median-world figures and, per world, the mean E2E latency
 of the tuner without each component over with it (above 1: the component paid for itself in
@@ -62,11 +63,20 @@ RUNS: dict[str, list[str]] = {
     "azure-vllm-4x-surge": [
         "--trace", AZURE, "--peak-load", "1.2", *VLLM, "--replicas", "4", "--rollout", "surge",
     ],
+    # One replica with a surge rollout's spare GPU: a trial's canary runs beside it.
+    "poisson-vllm-exploration": [
+        "--trace", AZURE, "--poisson", "0.1:1.3:7", *VLLM, "--rollout", "surge",
+    ],
+    "azure-vllm-surge-exploration": [
+        "--trace", AZURE, "--peak-load", "1.2", *VLLM, "--rollout", "surge",
+    ],
 }  # fmt: skip
 EXPLORATION_ONLY = ",".join([NO_SPEC, SPECPILOT, "specpilot:exploration"])
 RUN_POLICIES = {
     "poisson-vllm-4x-one-at-a-time": EXPLORATION_ONLY,
     "azure-vllm-4x-surge": EXPLORATION_ONLY,
+    "poisson-vllm-exploration": EXPLORATION_ONLY,
+    "azure-vllm-surge-exploration": EXPLORATION_ONLY,
 }
 """Runs that compare fewer policies than `POLICIES`."""
 

@@ -12,8 +12,10 @@ Contract (operator/loop.py `Actuator`, plus what rollouts need):
   is followed the same way), marks the config failed and backs off. A missing Deployment is
   created. Applying the config that already runs is a cheap no-op (no patch, one status read).
 - With `canary` on (or for a trial, `apply_trial`: the tuner exploring) and at least 2 main
-  replicas, a new config first runs as a 1-replica `<name>-canary` Deployment (role
-  "canary", same Service). Where the SpecDeployment sets the replica count
+  replicas, or one with a spare GPU (`spare_replica`), a new config first runs as a 1-replica
+  `<name>-canary` Deployment (role "canary", same Service). Beside a single replica it takes
+  half the traffic and, promoted, is deleted before the main replica rolls (its GPU is the
+  one the main replica's surge pod needs). Where the SpecDeployment sets the replica count
   (`canary_in_place`), the canary takes one main replica's place, so a trial never serves on
   more GPUs than the config it is compared with: the main Deployment is scaled to N-1 (its
   count kept in `CANARY_SLOT_ANNOTATION`) once the canary is Ready with a spare GPU
@@ -162,23 +164,32 @@ class KubeActuator:
 
     def apply_trial(self, config: SpecConfig, judge: TrialJudge | None = None) -> None:
         """A trial goes through the canary whether or not the spec asks for canaries: with two
-        or more main replicas it runs at one replica's share of the traffic, and one that
-        disappoints raises CanaryRejected with the main pods untouched."""
+        or more main replicas it runs at one replica's share of the traffic (beside a single
+        replica with a spare GPU, at half), and one that disappoints raises CanaryRejected
+        with the main pods untouched."""
         self._apply(config, canary=True, judge=judge)
 
     def canary_share(self) -> float | None:
         """The share of the traffic a trial's canary would take now with N >= 2 main replicas
         (the Service spreads requests evenly over the pods): 1/N in a replica's place, 1/(N+1)
-        beside them; None with one (there `apply_trial` rolls the main pods at all of the
-        traffic). An API that cannot tell counts as no canary: the tuner then just does not
-        explore this window."""
+        beside them; 1/2 beside a single replica with a spare GPU; None with one and no spare
+        GPU (there `apply_trial` rolls the main pod at all of the traffic). An API that cannot
+        tell counts as no canary: the tuner then just does not explore this window."""
         try:
             live = self._call(lambda: self.api.read_deployment(self.namespace, self.name))
         except Exception:
             return None
-        if live is None or _replicas(live) < 2:
+        if live is None or not self._has_canary(_replicas(live)):
             return None
-        return 1.0 / (_replicas(live) + (0 if self.canary_in_place else 1))
+        return 1.0 / (_replicas(live) + (0 if self._in_place(_replicas(live)) else 1))
+
+    def _has_canary(self, replicas: int) -> bool:
+        """Two or more main replicas, or one with a spare GPU for a canary beside it."""
+        return replicas >= 2 or (replicas == 1 and self.spare_replica)
+
+    def _in_place(self, replicas: int) -> bool:
+        """Whether the canary takes a main replica's place: never the only one's."""
+        return self.canary_in_place and replicas >= 2
 
     def trial_observation(self) -> Observation | None:
         """The canary pods' window from the last canary comparison (None before any)."""
@@ -204,13 +215,16 @@ class KubeActuator:
         canary = changes and canary and config != self.config
         given_back = False
         try:
-            if canary and live is not None and _replicas(live) >= 2:
+            if canary and live is not None and self._has_canary(_replicas(live)):
                 try:
                     self._try_canary(config, judge, _replicas(live))
                 except CanaryRejected:
                     self._give_back_slot(self._running())
                     given_back = True
                     raise
+                if _replicas(live) == 1:
+                    # the canary beside the only replica holds the spare GPU its surge needs
+                    self._delete_canary()
             self._roll(self.name, "main", main, live, config)
             self._give_back_slot(config)
             given_back = True
@@ -280,10 +294,11 @@ class KubeActuator:
     def _try_canary(self, config: SpecConfig, judge: TrialJudge | None, replicas: int) -> None:
         desired = self.render(config, "canary")
         live = self._call(lambda: self.api.read_deployment(self.namespace, self.canary_name))
-        if self.canary_in_place and not self.spare_replica:  # no GPU for it until one stops
+        in_place = self._in_place(replicas)
+        if in_place and not self.spare_replica:  # no GPU for it until one stops
             self._hold_slot(replicas)
         self._roll(self.canary_name, "canary", desired, live, config)
-        if self.canary_in_place and self.spare_replica:
+        if in_place and self.spare_replica:
             self._hold_slot(replicas)
         self.sleep(self.canary_warmup_s)
         result = self._compare(config, desired)
@@ -307,21 +322,20 @@ class KubeActuator:
     def _give_back_slot(self, follow: SpecConfig | None) -> None:
         """Delete the canary and give its slot back to the main Deployment, whose pods run
         `follow` (waited for; None: not waited for, the caller's rollback follows them)."""
-
-        def delete_canary() -> None:
-            self._call(lambda: self.api.delete_deployment(self.namespace, self.canary_name))
-
         live = self._call(lambda: self.api.read_deployment(self.namespace, self.name))
         held = _held(live) if live is not None else None
         if held is None:
-            delete_canary()
+            self._delete_canary()
             return
         if not self.spare_replica:  # the canary holds the GPU the replica needs
-            delete_canary()
+            self._delete_canary()
         self._call(lambda: self.api.set_replicas(self.namespace, self.name, held, None))
         if follow is not None:
             self._follow(self.name, self.render(follow, "main"), follow)
-        delete_canary()
+        self._delete_canary()
+
+    def _delete_canary(self) -> None:
+        self._call(lambda: self.api.delete_deployment(self.namespace, self.canary_name))
 
     def _compare(self, config: SpecConfig, canary: Mapping[str, Any]) -> CanaryResult:
         main_targets = self._targets(self._selector(self.render(self._running(), "main")))

@@ -26,7 +26,9 @@ is the simulated time.
   `KubeActuator` runs them: with two or more replicas a trial's config first runs on a canary
   that takes one replica's place, so a trial never serves on more replicas than the static
   configs it is compared with (surge: the canary starts on the spare GPU and the replica
-  retires once it is ready; otherwise the replica retires first and N-1 serve meanwhile). It
+  retires once it is ready; otherwise the replica retires first and N-1 serve meanwhile).
+  With one replica and a spare GPU (surge) the canary runs beside it, at half the traffic,
+  and stops before a promotion's rollout (whose new replica needs that GPU). It
   takes its share of the traffic through the same balancer and, once it has served
   `canary_warmup_s` (it fills from empty, all its first requests' prefill at once, at a batch
   below the main replicas'), is compared with the main replicas over `canary_window_s` by
@@ -34,7 +36,7 @@ is the simulated time.
   over every replica, the canary's slot last, unless it was slower than the main replicas by
   more than `canary_tolerance` or the trial's `judge` says why not: then the canary is
   replaced by a replica of the running config (its requests retried elsewhere) and
-  `CanaryRejected` is raised. With one replica a trial is an `apply`.
+  `CanaryRejected` is raised. With one replica and no spare GPU a trial is an `apply`.
 - Every request is kept: `records(end_s)` returns them all for the serving metrics, those not
   finished by `end_s` as failed.
 """
@@ -177,9 +179,12 @@ class EmulatedDeployment:
     # -- the TrialActuator protocol -------------------------------------------------------
 
     def canary_share(self) -> float | None:
-        """1/N with N >= 2 replicas: the canary takes one replica's place behind the balancer."""
+        """1/N with N >= 2 replicas: the canary takes one replica's place behind the balancer;
+        1/2 beside a single replica with a spare GPU (surge); None otherwise."""
         replicas = len(self._replicas)
-        return 1.0 / replicas if replicas >= 2 else None
+        if replicas >= 2:
+            return 1.0 / replicas
+        return 0.5 if self.rollout == "surge" else None
 
     def trial_observation(self) -> Observation | None:
         return self._trial
@@ -195,7 +200,8 @@ class EmulatedDeployment:
             self.apply(config)
             return
         started = self.now
-        canary = self._start_canary(config)
+        beside = len(self._replicas) == 1
+        canary = self._start_beside(config) if beside else self._start_canary(config)
         self._window, self._canary, self._canary_window = _WindowTotals(), canary, _WindowTotals()
         self.run_until(self.now + self.canary_warmup_s)  # the fill-up is not the config's speed
         main, measured = _WindowTotals(), _WindowTotals()
@@ -207,11 +213,14 @@ class EmulatedDeployment:
         self._trial = self._observation(measured, span, [(canary, self._replicas[canary])])
         self.canaries += 1
         why_not = self._canary_verdict(config, measured, main, judge)
+        if beside:  # its GPU is the spare the replica's surge needs, promoted or not
+            self._stop_replica(canary)
         if why_not is None:
             self.rollout_s += self.now - started
             self.apply(config)  # the canary's id is the highest: it holds its slot till last
             return
-        self._replace(canary, self.config)
+        if not beside:
+            self._replace(canary, self.config)
         self.rollout_s += self.now - started
         raise CanaryRejected(why_not)
 
@@ -357,6 +366,12 @@ class EmulatedDeployment:
         """Start the canary in the last replica's place (`_replace`'s order), so that a trial
         never serves on more replicas than the static configs it is compared with."""
         return self._replace(max(self._replicas), config)
+
+    def _start_beside(self, config: SpecConfig) -> int:
+        """Start the canary on the spare GPU beside the only replica, which serves meanwhile."""
+        canary = self._start_replica(config, ready_at=self.now + self.start_time_s)
+        self.run_until(self._replicas[canary].ready_at)
+        return canary
 
     def _observation(
         self, w: _WindowTotals, window_s: float, ready: list[tuple[int, _Replica]]

@@ -191,13 +191,53 @@ def test_a_canary_never_serves_beside_all_the_replicas(rollout: str, fewest_serv
     assert len(d._replicas) == 3 and d.config == SpecConfig() and d.restarts == 0
 
 
-def test_with_one_replica_a_trial_is_a_rollout() -> None:
+def test_with_one_replica_and_no_spare_gpu_a_trial_is_a_rollout() -> None:
     d = deployment(replicas=1)
     assert d.canary_share() is None
     d.observe(60.0)
     d.apply_trial(EAGLE3)
     assert d.config == EAGLE3 and d.restarts == 1 and d.canaries == 0
     assert d.trial_observation() is None
+
+
+def test_beside_one_replica_a_canary_takes_half_the_traffic_and_a_rejection_stops_only_it() -> None:
+    d = deployment(
+        replicas=1,
+        rollout="surge",
+        arrivals=steady(8.0, 900.0),
+        acceptance=lambda method, task: AcceptanceCurve(0.02, 0.5),
+    )
+    assert d.canary_share() == pytest.approx(1 / 2)
+    d.observe(60.0)
+    serving: list[int] = []
+    run_until = d.run_until
+
+    def counting(until: float) -> None:
+        serving.append(len(d._ready()))
+        run_until(until)
+
+    d.run_until = counting  # type: ignore[method-assign]
+    with pytest.raises(CanaryRejected, match="rejected"):
+        d.apply_trial(EAGLE3)
+    # the one replica served throughout, the canary beside it once ready; then only it
+    assert min(serving) == 1 and max(serving) == 2
+    assert sorted(d._replicas) == [0] and d.config == SpecConfig() and d.restarts == 0
+    served = d.trial_observation()
+    assert served is not None and served.pods == ("replica-1",)
+    # its share through the balancer: a fair part of the window's arrivals, not all of them
+    assert served.requests_per_s is not None and 1.0 < served.requests_per_s < 7.0
+
+
+def test_beside_one_replica_a_promoted_canary_stops_before_the_replica_rolls() -> None:
+    d = deployment(replicas=1, rollout="surge", arrivals=steady(8.0, 900.0))
+    d.observe(60.0)
+    started = d.now
+    d.apply_trial(EAGLE3)
+    assert d.config == EAGLE3 and d.restarts == 1 and d.canaries == 1
+    # the canary (replica 1) is gone; replica 2 runs the config, started after the verdict:
+    # a canary start, warm-up and window, then the surge's start
+    assert sorted(d._replicas) == [2] and d._replicas[2].core.config == EAGLE3
+    assert d.now - started >= 2 * 60.0 + d.canary_warmup_s + d.canary_window_s
 
 
 def test_a_canary_the_judge_turns_down_is_rejected_with_its_reason() -> None:

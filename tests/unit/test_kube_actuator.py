@@ -738,13 +738,46 @@ def test_without_a_canary_the_loop_does_not_explore() -> None:
     assert act.applied == [SpecConfig()] and act.trials == []
 
 
-def test_the_kube_actuator_has_a_canary_with_two_replicas_or_more() -> None:
+def test_the_kube_actuator_has_a_canary_with_two_replicas_or_one_and_a_spare_gpu() -> None:
     cluster = FakeCluster()
     act = actuator(cluster)
     assert act.canary_share() is None  # no Deployment yet
-    for replicas, expected in ((1, None), (2, 1 / 3), (4, 1 / 5)):
+    for replicas, expected in ((1, 1 / 2), (2, 1 / 3), (4, 1 / 5)):
         cluster.deployments["llm"] = deployment(SpecConfig(), replicas=replicas, role="main")
         assert act.canary_share() == expected
+    cluster.deployments["llm"] = deployment(SpecConfig(), replicas=1, role="main")
+    assert actuator(cluster, spare_replica=False).canary_share() is None
+    # in place is for a count of two or more: the only replica's place is never taken
+    assert actuator(cluster, canary_in_place=True).canary_share() == pytest.approx(1 / 2)
+
+
+def test_beside_one_replica_a_canary_is_deleted_before_a_promotion_rolls_the_replica() -> None:
+    speeds = {"eagle3": 150.0, "ngram": 50.0, "none": 100.0}
+    metrics = PerPodMetrics(lambda t: speeds[t.config["method"] if t.config else "none"])
+    cluster = FakeCluster(controller=settle)
+    clock = FakeClock()
+
+    def render(config: SpecConfig, role: str) -> Obj:
+        return deployment(config, replicas=1, role=role)
+
+    act = KubeActuator(
+        api=cluster, name="llm", namespace="ns", engine="vllm", render=render,  # type: ignore[arg-type]
+        metrics=metrics, rollout_timeout_s=60, poll_s=1, clock=clock, sleep=clock.sleep,
+        canary_window_s=10, canary_in_place=True,
+    )  # fmt: skip
+    act.apply(SpecConfig())
+    assert act.canary_share() == pytest.approx(1 / 2)
+    cluster.writes.clear()
+    with pytest.raises(CanaryRejected):
+        act.apply_trial(SpecConfig(method="ngram", num_speculative_tokens=3))
+    # the replica was never scaled nor patched: only the canary came and went
+    assert cluster.writes == ["create llm-canary", "delete llm-canary"]
+    assert len(metrics.windows[-1]) == 2  # the replica and the canary, one window
+    cluster.writes.clear()
+    act.apply_trial(EAGLE)
+    # its GPU is the spare the replica's surge pod needs: gone before the replica rolls
+    assert cluster.writes == ["create llm-canary", "delete llm-canary", "patch llm"]
+    assert act.config == EAGLE and cluster.deployments["llm"]["spec"]["replicas"] == 1
 
 
 def test_a_refused_move_is_explained_by_its_reason_and_the_refusal() -> None:

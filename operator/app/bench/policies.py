@@ -41,8 +41,9 @@ ABLATIONS: dict[str, dict[str, object]] = {
 """SpecPilot with one component removed, or one added that is off by default (`ADDED`), by
 name: the TunerSettings each one overrides (averaged-prefill spreads the prefill over every
 step instead of pricing it in lumps; exploration lets the tuner make trials, which it does
-only with two replicas or more, where a trial runs on a canary: with one the control loop
-never explores)."""
+only where a trial runs on a canary: two replicas or more, or one with a surge rollout's
+spare GPU for a canary beside it; with one replica and no spare GPU the control loop never
+explores)."""
 ADDED = frozenset({"specpilot:exploration"})
 """Ablations that add a component the default leaves off (trials: the operator's
 `tuning.explore`, false unless set, after they paid for themselves in no 4-replica world)."""
