@@ -1,6 +1,6 @@
 """Ablations: SpecPilot against itself with one component removed, in the same hidden worlds.
 
-Run: .venv/bin/python bench/ablations.py [--only NAME ...] [--worlds N]
+Run: .venv/bin/python bench/ablations.py [--only NAME ...] [--worlds N] [--render-only]
 Each run is one `specpilot bench --policies ...` command over the yardstick's traffic (the
 Azure conversation trace at peak 1.2 and the Poisson sweep, vLLM dialect, surge rollout) and
 over bench/traces/taskmix.csv (the task mix moving at a steady 6 req/s): no
@@ -71,7 +71,8 @@ RUNS: dict[str, list[str]] = {
         "--trace", AZURE, "--peak-load", "1.2", *VLLM, "--rollout", "surge",
     ],
 }  # fmt: skip
-EXPLORATION_ONLY = ",".join([NO_SPEC, SPECPILOT, "specpilot:exploration"])
+EXPLORATION = "specpilot:exploration"
+EXPLORATION_ONLY = ",".join([NO_SPEC, SPECPILOT, EXPLORATION])
 RUN_POLICIES = {
     "poisson-vllm-4x-one-at-a-time": EXPLORATION_ONLY,
     "azure-vllm-4x-surge": EXPLORATION_ONLY,
@@ -119,16 +120,59 @@ def section(name: str, report: dict[str, Any]) -> list[str]:
             f"| {ablation} | {paid} of {len(values)} | {cost} of {len(values)} | "
             f"{min(values):.3f} | {max(values):.3f} |"
         )
+    if EXPLORATION in ratios:
+        lines += ["", *trial_lines(report, ratios[EXPLORATION])]
     return [*lines, ""]
+
+
+def trial_outcome(decisions: list[str]) -> str:
+    """What a run's trials came to: "none", "rejected" (every trial's canary turned down) or
+    "moved" (a trial's canary promoted, or the move the judge made instead)."""
+    trials = [d for d in decisions if "exploring" in d or "the canary of" in d]
+    if not trials:
+        return "none"
+    return "rejected" if all("CanaryRejected" in d for d in trials) else "moved"
+
+
+def trial_lines(report: dict[str, Any], ratios: list[float]) -> list[str]:
+    """The exploration ablation's cells by what their trials came to, each with where the
+    trials paid and cost: a cell whose every trial was rejected gained or lost by the
+    canary's window alone, not by what it taught."""
+    outcomes = [
+        trial_outcome(world["policies"][EXPLORATION]["decisions"])
+        for traffic in report["traffics"]
+        for world in traffic["worlds"]
+    ]
+    lines = ["| trials came to | cells | paid (> 1.005) | cost (< 0.995) |", "|---|---|---|---|"]
+    for outcome, label in (
+        ("moved", "a move (canary promoted, or the judge's move instead)"),
+        ("rejected", "every canary rejected"),
+        ("none", "no trial"),
+    ):
+        values = [v for v, o in zip(ratios, outcomes, strict=True) if o == outcome]
+        lines.append(
+            f"| {label} | {len(values)} | {sum(v > 1.005 for v in values)} | "
+            f"{sum(v < 0.995 for v in values)} |"
+        )
+    if report["setup"]["replicas"] == 1:
+        lines.append(
+            "\nBeside one replica the canary serves half the traffic on the surge's spare GPU, "
+            "which no static config has: a cell whose every canary was rejected gained that "
+            "GPU's capacity for the canary's window, not anything the trial taught."
+        )
+    return lines
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--only", nargs="*", choices=sorted(RUNS), help="runs to redo")
     parser.add_argument("--worlds", type=int, default=10)
+    parser.add_argument(
+        "--render-only", action="store_true", help="rewrite ablations.md from the JSON (no run)"
+    )
     ns = parser.parse_args(argv)
     RESULTS.mkdir(exist_ok=True)
-    for name in ns.only or RUNS:
+    for name in [] if ns.render_only else ns.only or RUNS:
         out = RESULTS / f"ablations-{name}.json"
         policies = RUN_POLICIES.get(name, POLICIES)
         args = [*RUNS[name], "--policies", policies, "--worlds", str(ns.worlds)]

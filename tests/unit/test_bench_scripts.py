@@ -659,3 +659,29 @@ def test_the_committed_yardstick_markdown_renders_from_its_json() -> None:
             r"at [0-9a-f]{7,}\.", "at HEAD.", (RESULTS / f"yardstick-{name}.md").read_text()
         )
         assert rendered == committed, name
+
+
+def test_the_ablations_tell_a_trial_that_moved_from_canaries_that_were_all_rejected() -> None:
+    ablations = _load("ablations.py")
+    rejected = "t=60s exploring (...): eagle3 K=3 ...; not applied: CanaryRejected: canary ..."
+    promoted = "t=120s exploring (...): eagle3 K=3 ...; the canary ran eagle3 K=3 at batch 3.3"
+    instead = "t=180s predicted faster: eagle3 K=4 ...; the canary of eagle3 K=3 taught: ..."
+    plain = "t=0s predicted faster for users: eagle3 K=5 +127.3% over no speculation"
+    assert ablations.trial_outcome([plain]) == "none"
+    assert ablations.trial_outcome([plain, rejected, rejected]) == "rejected"
+    assert ablations.trial_outcome([rejected, promoted]) == "moved"
+    assert ablations.trial_outcome([instead]) == "moved"
+    cells = [[rejected], [promoted], [plain], [rejected]]
+    report = {
+        "setup": {"replicas": 1},
+        "traffics": [
+            {"worlds": [{"policies": {ablations.EXPLORATION: {"decisions": d}}} for d in cells]}
+        ],
+    }
+    lines = ablations.trial_lines(report, [1.2, 0.9, 1.0, 1.001])
+    assert "| a move (canary promoted, or the judge's move instead) | 1 | 0 | 1 |" in lines
+    assert "| every canary rejected | 2 | 1 | 0 |" in lines
+    assert "| no trial | 1 | 0 | 0 |" in lines
+    assert any("spare GPU" in line for line in lines)  # beside one replica, says so
+    four = {**report, "setup": {"replicas": 4}}
+    assert not any("spare GPU" in line for line in ablations.trial_lines(four, [1.0] * 4))
