@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from specpilot.operator.app.bench.command import head_commit
 from specpilot.operator.app.bench.report import against_fixed, markdown
 from specpilot.operator.app.cli import main as specpilot
 
@@ -80,7 +80,7 @@ def render(name: str, report: Mapping[str, Any]) -> str:
         f"Commit: {report['commit']}; seeds {report['seeds']}; wall {report['wall_s']} s; "
         f"no-speculation capacity {report['setup']['no_spec_capacity_rps']} req/s per "
         f"deployment (nominal world).  ",
-        f"Rendered from the JSON by `bench/yardstick.py` at {git_head()}.\n",
+        f"Rendered from the JSON by `bench/yardstick.py` at {head_commit() or 'no commit'}.\n",
         f"Medians over {over} (the tuner is told none of the worlds); hindsight is a reference "
         "(free switches, best static per window), not an upper bound.\n",
         markdown(report["summary"]),
@@ -133,13 +133,6 @@ def pool(cells: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
         total = sum(c[name]["e2el_ms_mean"] * c[name]["requests"] for c in cells)
         pooled[name] = {"e2el_ms_mean": total / requests if requests else 0.0}
     return pooled
-
-
-def git_head() -> str:
-    found = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=RESULTS
-    )
-    return found.stdout.strip() or "an unknown commit"
 
 
 if __name__ == "__main__":

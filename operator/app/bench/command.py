@@ -125,7 +125,7 @@ class Traffic:
 
 def run(ns: argparse.Namespace) -> int:
     started = time.monotonic()
-    commit = _commit()  # the code that runs: a commit landing meanwhile is not it
+    commit = head_commit()  # the code that runs: a commit landing meanwhile is not it
     _check(ns)
     nominal = StepCost.for_hardware(ns.gpu, ns.model_profile)
     loaded = load_any_trace(ns.trace, mix=parse_task_mix(ns.task_mix), seed=ns.seed)
@@ -349,7 +349,8 @@ def _capacity_at_target(per_traffic: list[dict[str, Any]], capacity: float) -> d
     return out
 
 
-def _commit() -> str | None:
+def head_commit() -> str | None:
+    """HEAD's hash where the bench runs in a git checkout, else None."""
     try:
         done = subprocess.run(
             ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=10
