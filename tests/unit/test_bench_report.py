@@ -15,7 +15,12 @@ from specpilot.operator.app.bench.policies import (
     StaticPolicy,
     space_for,
 )
-from specpilot.operator.app.bench.report import summary, world_report
+from specpilot.operator.app.bench.report import (
+    settled_against_static,
+    settled_mean,
+    summary,
+    world_report,
+)
 from specpilot.operator.app.bench.run import Setup, Tuning, control_loop, run_policy
 from specpilot.operator.app.bench.traffic import requests_from_rates
 from specpilot.runtime.traces import parse_trace
@@ -103,3 +108,29 @@ def test_specpilot_starts_from_the_initial_config_it_is_given() -> None:
     # the first window is served by the config it started with: only EAGLE-3 accepts drafts
     assert started_on.observations[0][1].acceptance_length is not None
     assert started_off.observations[0][1].acceptance_length is None
+
+
+def _windows(*cells: tuple[int, float]) -> dict[str, object]:
+    """A policy's windows, each (requests, mean TPOT ms = mean E2E ms)."""
+    return {"windows": [{"requests": n, "tpot_ms_mean": v, "e2el_ms_mean": v} for n, v in cells]}
+
+
+def test_settled_figures_are_the_later_half_of_the_windows_weighed_by_requests() -> None:
+    # the first half (the start on no speculation) does not count; an empty window neither
+    start = _windows((10, 30.0), (10, 30.0), (0, 0.0), (30, 10.0), (10, 14.0))
+    assert settled_mean(start, "tpot_ms_mean") == pytest.approx((30 * 10.0 + 10 * 14.0) / 40)
+    assert settled_mean(_windows((5, 1.0), (0, 0.0)), "tpot_ms_mean") is None
+    eagle = "static:eagle3 K=3"
+    worlds = [
+        {SPECPILOT: start, NO_SPEC: _windows((10, 20.0)), eagle: _windows((10, 10.5)),
+         # an engine baseline, a tuner variant and hindsight are not static configs
+         "tuned-schedule": _windows((10, 1.0)), "specpilot:no-gp": _windows((10, 1.0)),
+         HINDSIGHT: _windows((10, 1.0))},
+        {SPECPILOT: _windows((10, 12.0)), NO_SPEC: _windows((10, 10.0))},
+    ]  # fmt: skip
+    found = settled_against_static(worlds, "tpot_ms_mean")
+    assert found is not None
+    # world 0: 11/10.5 = 1.048 (within 5%); world 1: 12/10 = 1.2 (not)
+    assert found["worlds"] == 2 and found["within"] == 1
+    assert found["ratio_to_best_static"] == {"median": 1.124, "max": 1.2}
+    assert settled_against_static([{NO_SPEC: _windows((1, 1.0))}], "tpot_ms_mean") is None

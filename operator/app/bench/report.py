@@ -9,7 +9,8 @@ the requests of the static config whose mean E2E latency was lowest there, switc
 over worlds, plus `worst_world_e2el_ratio_vs_no_spec` (the largest, over worlds, of the
 policy's mean E2E latency over no speculation's in the same world). `against_fixed` counts
 the worlds where SpecPilot's mean E2E latency is below every fixed policy's (and, for
-hindsight, where switching at all could have paid).
+hindsight, where switching at all could have paid); `settled_against_static` compares a
+policy with the best static config over the later half of each run (`settled_mean`).
 """
 
 from __future__ import annotations
@@ -123,6 +124,50 @@ def against_fixed(
         "below_every_fixed": sum(r < below for r in ratios),
         "ratio_to_best_fixed": {
             "min": round(min(ratios), 3),
+            "median": round(statistics.median(ratios), 3),
+            "max": round(max(ratios), 3),
+        },
+    }
+
+
+def settled_mean(policy: Mapping[str, Any], key: str) -> float | None:
+    """`key` (a per-request mean) over the later half of a policy's windows by arrival,
+    weighed by their requests: what the policy settled on, once a tuner's start and first
+    moves are behind it. None without requests there."""
+    windows = policy.get("windows") or []
+    later = [w for w in windows[len(windows) // 2 :] if w["requests"]]
+    requests = sum(w["requests"] for w in later)
+    return sum(float(w[key]) * w["requests"] for w in later) / requests if requests else None
+
+
+def settled_against_static(
+    world_reports: Sequence[Mapping[str, Any]],
+    key: str,
+    policy: str = SPECPILOT,
+    within: float = 0.05,
+) -> dict[str, Any] | None:
+    """`policy`'s settled `key` (`settled_mean`) over the lowest settled `key` of any static
+    config (speculation off included; no engine baseline, no tuner variant), world by world:
+    in how many worlds it is within `within` of it (the yardstick's "below 30% of capacity,
+    mean TPOT within 5% of the best static config"), and that ratio's spread. None without
+    such worlds."""
+    ratios = []
+    for policies in world_reports:
+        statics = [
+            settled_mean(v, key)
+            for name, v in policies.items()
+            if name not in (*NOT_STATIC, HINDSIGHT)
+        ]
+        best = min((v for v in statics if v), default=None)
+        mine = settled_mean(policies[policy], key) if policy in policies else None
+        if best and mine is not None:
+            ratios.append(mine / best)
+    if not ratios:
+        return None
+    return {
+        "worlds": len(ratios),
+        "within": sum(r <= 1.0 + within for r in ratios),
+        "ratio_to_best_static": {
             "median": round(statistics.median(ratios), 3),
             "max": round(max(ratios), 3),
         },
