@@ -27,16 +27,21 @@ is the simulated time.
   that takes one replica's place, so a trial never serves on more replicas than the static
   configs it is compared with (surge: the canary starts on the spare GPU and the replica
   retires once it is ready; otherwise the replica retires first and N-1 serve meanwhile).
-  With one replica and a spare GPU (surge) the canary runs beside it, at half the traffic,
-  and stops before a promotion's rollout (whose new replica needs that GPU). It
-  takes its share of the traffic through the same balancer and, once it has served
-  `canary_warmup_s` (it fills from empty, all its first requests' prefill at once, at a batch
-  below the main replicas'), is compared with the main replicas over `canary_window_s` by
-  per-sequence speed (tokens over the integral of the decode batch). It is then rolled out
-  over every replica, the canary's slot last, unless it was slower than the main replicas by
-  more than `canary_tolerance` or the trial's `judge` says why not: then the canary is
-  replaced by a replica of the running config (its requests retried elsewhere) and
-  `CanaryRejected` is raised. With one replica and no spare GPU a trial is an `apply`.
+  The canary takes its share of the traffic through the same balancer and, once it has
+  served `canary_warmup_s` (it fills from empty, all its first requests' prefill at once, at
+  a batch below the main replicas'), is compared with the main replicas over
+  `canary_window_s` by per-sequence speed (tokens over the integral of the decode batch). It
+  is then rolled out over every replica, the canary's slot last, unless it was slower than
+  the main replicas by more than `canary_tolerance` or the trial's `judge` says why not: then
+  the canary is replaced by a replica of the running config (its requests retried elsewhere)
+  and `CanaryRejected` is raised. With one replica and a spare GPU (surge) the trial is one
+  at all of the load (`runtime/full_load_trial.py`): the canary starts beside the replica,
+  warms up at the balancer's share, then takes every new request for `full_load_window_s`
+  while the replica finishes its own and idles, warm; it is stopped at the first probe
+  (every `PROBE_S`) that finds it congested and judged on its time in system against the
+  replica's last window (`observe`'s); new requests then go back to the replica, the canary
+  finishes what it holds and stops (its GPU is the spare a promotion's surge needs), and a
+  promotion rolls the replica out. With one replica and no spare GPU a trial is an `apply`.
 - Every request is kept: `records(end_s)` returns them all for the serving metrics, those not
   finished by `end_s` as failed.
 """
@@ -49,6 +54,7 @@ from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 from specpilot.runtime.emulator.core import EngineCore, Progress, Request
+from specpilot.runtime.full_load_trial import PROBE_S, WINDOW_S, FullLoadTrial
 from specpilot.runtime.serving_metrics import ItlHistogram
 from specpilot.tuner import AcceptanceCurve, Observation, SpecConfig, StepCost
 
@@ -117,6 +123,7 @@ class EmulatedDeployment:
         canary_window_s: float = 60.0,
         canary_warmup_s: float = 20.0,
         canary_tolerance: float = 0.05,
+        full_load_window_s: float = WINDOW_S,
     ) -> None:
         if replicas < 1:
             raise ValueError(f"replicas={replicas}: allowed 1 or more")
@@ -152,11 +159,17 @@ class EmulatedDeployment:
         self.canary_window_s = canary_window_s
         self.canary_warmup_s = canary_warmup_s
         self.canary_tolerance = canary_tolerance
+        self.full_load_window_s = full_load_window_s
         self.canaries = 0
         """Trials run on a canary (promoted or not)."""
         self._canary: int | None = None
         self._canary_window: _WindowTotals | None = None
         self._trial: Observation | None = None
+        self._last: Observation | None = None
+        """The last window `observe` reported: a trial at all of the load compares with it."""
+        self._route_only: int | None = None
+        """The replica every new request goes to, bypassing the balancer (a trial at all of
+        the load, and the drain after it)."""
 
     # -- the Actuator protocol ------------------------------------------------------------
 
@@ -174,13 +187,16 @@ class EmulatedDeployment:
         """Serve the next `window_s` seconds and report them as a scrape would."""
         self._window, self._window_start = _WindowTotals(), self.now
         self.run_until(self.now + window_s)
-        return self._observation(self._window, self.now - self._window_start, self._ready())
+        self._last = self._observation(self._window, self.now - self._window_start, self._ready())
+        return self._last
 
     # -- the TrialActuator protocol -------------------------------------------------------
 
     def canary_share(self) -> float | None:
         """1/N with N >= 2 replicas: the canary takes one replica's place behind the balancer;
-        1/2 beside a single replica with a spare GPU (surge); None otherwise."""
+        1/2 beside a single replica with a spare GPU (surge), where the canary takes all of the
+        load but a warm replica takes it back at the first probe that finds it congested;
+        None otherwise."""
         replicas = len(self._replicas)
         if replicas >= 2:
             return 1.0 / replicas
@@ -199,9 +215,11 @@ class EmulatedDeployment:
         if self.canary_share() is None:
             self.apply(config)
             return
+        if len(self._replicas) == 1:
+            self._full_load_trial(config)
+            return
         started = self.now
-        beside = len(self._replicas) == 1
-        canary = self._start_beside(config) if beside else self._start_canary(config)
+        canary = self._start_canary(config)
         self._window, self._canary, self._canary_window = _WindowTotals(), canary, _WindowTotals()
         self.run_until(self.now + self.canary_warmup_s)  # the fill-up is not the config's speed
         main, measured = _WindowTotals(), _WindowTotals()
@@ -213,16 +231,51 @@ class EmulatedDeployment:
         self._trial = self._observation(measured, span, [(canary, self._replicas[canary])])
         self.canaries += 1
         why_not = self._canary_verdict(config, measured, main, judge)
-        if beside:  # its GPU is the spare the replica's surge needs, promoted or not
-            self._stop_replica(canary)
         if why_not is None:
             self.rollout_s += self.now - started
             self.apply(config)  # the canary's id is the highest: it holds its slot till last
             return
-        if not beside:
-            self._replace(canary, self.config)
+        self._replace(canary, self.config)
         self.rollout_s += self.now - started
         raise CanaryRejected(why_not)
+
+    def _full_load_trial(self, config: SpecConfig) -> None:
+        """Beside the only replica (`runtime/full_load_trial.py`): the canary warms up at the
+        balancer's share, then takes every new request for `full_load_window_s`, read every
+        `PROBE_S` and stopped once it holds more in flight than the replica did; whatever the
+        verdict, new requests go back to the replica, the canary finishes the ones it holds
+        and stops (its GPU is the spare a promotion's surge needs), and a promotion rolls the
+        replica out."""
+        started, (replica,) = self.now, list(self._replicas)
+        reference = self._last
+        canary = self._start_beside(config)
+        self._window, self._canary, self._canary_window = _WindowTotals(), canary, _WindowTotals()
+        self.run_until(self.now + self.canary_warmup_s)
+        measured = _WindowTotals()
+        self._window, self._canary_window, self._route_only = _WindowTotals(), measured, canary
+        trial = FullLoadTrial(reference) if reference is not None else None
+        why_not, window_start = None, self.now
+        while why_not is None and self.now < window_start + self.full_load_window_s:
+            self.run_until(min(window_start + self.full_load_window_s, self.now + PROBE_S))
+            held = float(self._replicas[canary].outstanding())
+            why_not = trial.overloaded(held, self.now - window_start) if trial else None
+        self._trial = self._observation(
+            measured, self.now - window_start, [(canary, self._replicas[canary])]
+        )
+        self._canary, self._canary_window, self._route_only = None, None, replica
+        self.canaries += 1
+        if trial is None:
+            why_not = "no window of the replica's to compare with"
+        elif why_not is None:
+            why_not = trial.verdict(self._trial)
+        while self._replicas[canary].outstanding():  # it finishes what it holds
+            self.run_until(self.now + PROBE_S)
+        self._route_only = None
+        self._stop_replica(canary)
+        self.rollout_s += self.now - started
+        if why_not is not None:
+            raise CanaryRejected(f"canary {config.describe()} rejected: {why_not}")
+        self.apply(config)
 
     def _canary_verdict(
         self,
@@ -300,6 +353,9 @@ class EmulatedDeployment:
         return [(rid, r) for rid, r in sorted(self._replicas.items()) if r.ready_at <= self.now]
 
     def _dispatch(self, request: Request) -> None:
+        if self._route_only is not None:
+            self._replicas[self._route_only].core.add_request(request)
+            return
         ready = self._ready()
         if not ready:
             self._client.append(request)

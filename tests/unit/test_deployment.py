@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from specpilot.runtime.emulator.core import Request
+from specpilot.runtime.emulator.core import EngineCore, Request
 from specpilot.runtime.emulator.deployment import CanaryRejected, EmulatedDeployment
 from specpilot.tuner import AcceptanceCurve, Observation, SpecConfig, StepCost, acceptance_curve
 
@@ -200,15 +200,28 @@ def test_with_one_replica_and_no_spare_gpu_a_trial_is_a_rollout() -> None:
     assert d.trial_observation() is None
 
 
-def test_beside_one_replica_a_canary_takes_half_the_traffic_and_a_rejection_stops_only_it() -> None:
+def test_beside_one_replica_a_trial_takes_all_of_the_load_and_a_rejection_stops_only_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     d = deployment(
         replicas=1,
         rollout="surge",
         arrivals=steady(8.0, 900.0),
+        # an EAGLE-3 that accepts almost nothing: slower per request than no speculation
         acceptance=lambda method, task: AcceptanceCurve(0.02, 0.5),
     )
     assert d.canary_share() == pytest.approx(1 / 2)
     d.observe(60.0)
+    replica = d._replicas[0].core
+    to_replica: list[float] = []
+    add_request = EngineCore.add_request
+
+    def recording(core: EngineCore, request: Request) -> None:
+        if core is replica:
+            to_replica.append(d.now)
+        add_request(core, request)
+
+    monkeypatch.setattr(EngineCore, "add_request", recording)
     serving: list[int] = []
     run_until = d.run_until
 
@@ -217,15 +230,22 @@ def test_beside_one_replica_a_canary_takes_half_the_traffic_and_a_rejection_stop
         run_until(until)
 
     d.run_until = counting  # type: ignore[method-assign]
-    with pytest.raises(CanaryRejected, match="rejected"):
+    started = d.now
+    with pytest.raises(CanaryRejected, match=r"slower per request|s against"):
         d.apply_trial(EAGLE3)
-    # the one replica served throughout, the canary beside it once ready; then only it
+    # the one replica stayed up throughout, the canary beside it once ready; then only it
     assert min(serving) == 1 and max(serving) == 2
     assert sorted(d._replicas) == [0] and d.config == SpecConfig() and d.restarts == 0
     served = d.trial_observation()
     assert served is not None and served.pods == ("replica-1",)
-    # its share through the balancer: a fair part of the window's arrivals, not all of them
-    assert served.requests_per_s is not None and 1.0 < served.requests_per_s < 7.0
+    # from the warm-up's end to the verdict the replica got no new request: it idled, warm
+    full_load_from = started + 60.0 + d.canary_warmup_s
+    assert not [t for t in to_replica if full_load_from < t < full_load_from + served.window_s]
+    assert [t for t in to_replica if t > full_load_from + served.window_s]  # then it took over
+    # every request of the trial's window went to the canary: the whole 8/s
+    assert served.requests_per_s == pytest.approx(8.0, rel=0.05)
+    # stopped before its window ran out, at a probe
+    assert d.now - started < 60.0 + d.canary_warmup_s + d.full_load_window_s
 
 
 def test_beside_one_replica_a_promoted_canary_stops_before_the_replica_rolls() -> None:
@@ -235,9 +255,11 @@ def test_beside_one_replica_a_promoted_canary_stops_before_the_replica_rolls() -
     d.apply_trial(EAGLE3)
     assert d.config == EAGLE3 and d.restarts == 1 and d.canaries == 1
     # the canary (replica 1) is gone; replica 2 runs the config, started after the verdict:
-    # a canary start, warm-up and window, then the surge's start
+    # a canary start, warm-up and the whole window at all of the load, then the surge's start
     assert sorted(d._replicas) == [2] and d._replicas[2].core.config == EAGLE3
-    assert d.now - started >= 2 * 60.0 + d.canary_warmup_s + d.canary_window_s
+    assert d.now - started >= 2 * 60.0 + d.canary_warmup_s + d.full_load_window_s
+    served = d.trial_observation()
+    assert served is not None and served.requests_per_s == pytest.approx(8.0, rel=0.05)
 
 
 def test_a_canary_the_judge_turns_down_is_rejected_with_its_reason() -> None:

@@ -1,0 +1,98 @@
+"""A trial at all of the load: the canary beside a single replica takes every new request, and
+the replica, idle but warm, is the way back.
+
+Why: a canary at half the traffic runs at a small batch, and what decides near capacity (the
+speculative path at the batch the whole load drives it to) is not measured there; the tuner's
+judge, extrapolating from it, told the worlds where EAGLE-3 holds 0.7 of capacity from those
+where it does not in none of them (bench/results/ablations.md, exploration). At all of the
+load the canary shows it directly, and a warm replica makes the way back a routing change,
+not an engine start.
+
+Contract (pure; both actuators, `EmulatedDeployment` and `KubeActuator`, drive it):
+- `time_in_system(observation)`: Little's law on one window, requests in flight (running plus
+  waiting) over requests finished per second; None without finished requests.
+- `FullLoadTrial(reference)`, `reference` the replica's last window before the trial:
+  `overloaded(in_flight, elapsed_s)` says why to stop now, once the canary has held more
+  requests in flight than the replica did by more than `overload_tolerance` at two probes
+  running after `settle_s` (the same arrivals, more in flight: each request stays longer);
+  `verdict(canary_window)` says why the canary is not promoted (None: it is): its time in
+  system over the trial must be below the replica's by `required_gain`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specpilot.tuner import Observation
+
+PROBE_S = 5.0
+"""How often the canary's requests in flight are read during the trial."""
+SETTLE_S = 10.0
+"""Left alone after the switch: the canary's first requests of all of the load are still
+coming in while the replica's last ones leave."""
+OVERLOAD_TOLERANCE = 0.2
+"""More in flight than the replica held by this much, twice running, stops the trial: a
+Poisson window's own swing at 15 requests/s is a few percent; a config short of the load
+doubles its in flight within the settle time (world 8 at 0.7 of capacity: 137 against 71)."""
+REQUIRED_GAIN = 0.1
+"""The time in system the canary must save over the replica's to be promoted: a config a few
+percent faster at this load is the one that congests first when it rises."""
+WINDOW_S = 300.0
+"""How long the canary serves all of the load: the congestion episodes that decide near
+capacity come every few minutes, not in every window (EAGLE-3 K=3, world 4 at 0.7 of
+capacity: 0.67x to 1.6x of no speculation's mean E2E from one 60 s window to the next)."""
+
+
+def in_flight(observation: Observation) -> float | None:
+    """Requests running plus waiting over the window (per engine)."""
+    if observation.running_requests is None:
+        return None
+    return observation.running_requests + (observation.waiting_requests or 0.0)
+
+
+def time_in_system(observation: Observation) -> float | None:
+    """Little's law: the mean seconds a request stays, in flight over finished per second."""
+    held, rate = in_flight(observation), observation.requests_per_s
+    if held is None or not rate:
+        return None
+    return held / rate
+
+
+@dataclass(slots=True)
+class FullLoadTrial:
+    reference: Observation
+    """The replica's last window before the trial, at the same traffic."""
+    settle_s: float = SETTLE_S
+    overload_tolerance: float = OVERLOAD_TOLERANCE
+    required_gain: float = REQUIRED_GAIN
+    _above: int = 0
+
+    def overloaded(self, held: float, elapsed_s: float) -> str | None:
+        """Why to stop the trial now, given the canary's requests in flight at a probe."""
+        before = in_flight(self.reference)
+        if not before or elapsed_s < self.settle_s:
+            return None
+        if held <= before * (1.0 + self.overload_tolerance):
+            self._above = 0
+            return None
+        self._above += 1
+        if self._above < 2:
+            return None
+        return (
+            f"at all of the load it held {held:.0f} requests in flight against the replica's "
+            f"{before:.1f} before it ({held / before - 1:+.0%}) after {elapsed_s:.0f} s: "
+            "slower per request, stopped"
+        )
+
+    def verdict(self, canary: Observation) -> str | None:
+        """Why the canary is not promoted after the whole trial, or None when it is."""
+        mine, theirs = time_in_system(canary), time_in_system(self.reference)
+        if mine is None or theirs is None:
+            return f"no load to compare (canary {mine}, replica {theirs} s in system)"
+        if mine > theirs * (1.0 - self.required_gain):
+            return (
+                f"at all of the load a request stayed {mine:.2f} s against {theirs:.2f} s on "
+                f"the replica before it ({mine / theirs - 1:+.0%}; "
+                f"{self.required_gain:.0%} less needed)"
+            )
+        return None
