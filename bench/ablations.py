@@ -18,10 +18,13 @@ speculation, the full tuner and each ablation (operator/app/bench/policies.py, `
   (`git show 480abcd:bench/results/ablations.md`). The control loop lets the tuner explore
   only where a trial runs on a canary (operator/loop.py), so this is run with 4 replicas
   (`poisson-vllm-4x-one-at-a-time`, the sweep at four rates, and `azure-vllm-4x-surge`) and
-  with one replica and a surge rollout, whose spare GPU holds a canary beside the replica at
-  half the traffic (`poisson-vllm-exploration`, `azure-vllm-surge-exploration`), each time
-  alone beside the tuner and no speculation; with trials on all of the traffic it paid for
-  itself in none of 90 one-replica world runs (`git show d04e071:bench/results/ablations.md`).
+  with one replica and a surge rollout, whose spare GPU holds a canary beside the replica that
+  takes all of the load for its trial, the replica idle and warm as the way back
+  (`poisson-vllm-exploration`, `azure-vllm-surge-exploration`; runtime/full_load_trial.py),
+  each time alone beside the tuner and no speculation; with trials on all of the traffic and
+  no replica held back it paid for itself in none of 90 one-replica world runs
+  (`git show d04e071:bench/results/ablations.md`), at half the traffic its gains were the
+  spare GPU's (`git show 243d7a9:bench/results/ablations.md`).
 Writes bench/results/ablations-NAME.json (the bench's report: commit, command, seeds) and
 ablations.md: per run, each policy's median-world figures and, per world, the mean E2E latency
 of the tuner without each component over with it (above 1: the component paid for itself in
@@ -156,9 +159,11 @@ def trial_lines(report: dict[str, Any], ratios: list[float]) -> list[str]:
         )
     if report["setup"]["replicas"] == 1:
         lines.append(
-            "\nBeside one replica the canary serves half the traffic on the surge's spare GPU, "
-            "which no static config has: a cell whose every canary was rejected gained that "
-            "GPU's capacity for the canary's window, not anything the trial taught."
+            "\nBeside one replica the canary runs on the surge's spare GPU, which no static "
+            "config has: at the balancer's share while it warms up, and finishing what it "
+            "holds while the replica takes the load back, two GPUs serve. A cell whose every "
+            "canary was rejected gained that GPU's capacity then, not anything the trial "
+            "taught."
         )
     return lines
 

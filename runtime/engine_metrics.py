@@ -4,7 +4,8 @@ Contract: two readers (direct /metrics scraping in `specpilot.runtime.scrape`, P
 `specpilot.runtime.promql`) reduce their inputs to `WindowStats`: for one pod, the window's
 counter increases (counter resets already handled), gauge means and histogram bucket
 increases. `observe()` turns any set of `WindowStats` into an `Observation` with the same
-arithmetic whichever reader produced them. A quantity that cannot be computed (series missing,
+arithmetic whichever reader produced them; `consecutive()` joins one pod's back-to-back
+windows into one. A quantity that cannot be computed (series missing,
 NaN, no drafts in the window) is `None` and listed in `Observation.unknown`: never an exception,
 never an invented number.
 
@@ -120,6 +121,45 @@ class WindowStats:
     """Key -> increase of the histogram's `_count` (observations in the window)."""
     accepted_per_position: Mapping[int, float] = field(default_factory=dict)
     counter_resets: int = 0
+
+
+def consecutive(windows: Sequence[WindowStats]) -> WindowStats:
+    """One pod's back-to-back windows as one: increases added, gauge means weighed by each
+    window's length (a trial read in short probes is judged, and learned, over its whole
+    span). A series missing from some windows counts what the others saw."""
+    if not windows:
+        raise ValueError("no windows to join")
+    span = sum(w.window_s for w in windows)
+
+    def added(get: Any) -> dict[Any, float]:
+        total: dict[Any, float] = {}
+        for w in windows:
+            for key, value in get(w).items():
+                total[key] = total.get(key, 0.0) + value
+        return total
+
+    gauges: dict[str, float] = {}
+    for key in {k for w in windows for k in w.gauges}:
+        seen = [(w.gauges[key], w.window_s) for w in windows if key in w.gauges]
+        weight = sum(t for _, t in seen)
+        gauges[key] = sum(v * t for v, t in seen) / weight if weight else seen[0][0]
+    histograms: dict[str, dict[float, float]] = {}
+    for w in windows:
+        for key, buckets in w.histograms.items():
+            joined = histograms.setdefault(key, {})
+            for bound, value in buckets.items():
+                joined[bound] = joined.get(bound, 0.0) + value
+    return WindowStats(
+        pod=windows[0].pod,
+        window_s=span,
+        counters=added(lambda w: w.counters),
+        gauges=gauges,
+        histograms=histograms,
+        histogram_sums=added(lambda w: w.histogram_sums),
+        histogram_counts=added(lambda w: w.histogram_counts),
+        accepted_per_position=added(lambda w: w.accepted_per_position),
+        counter_resets=sum(w.counter_resets for w in windows),
+    )
 
 
 def observe(engine: str, stats: Sequence[WindowStats]) -> Observation:

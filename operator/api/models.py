@@ -285,15 +285,19 @@ class Tuning(ApiModel):
     canary behind the same Service and promote it only if it measures as predicted. With
     spec.replicas at 2 or more it takes one main replica's place (main scaled to N-1 while it
     runs, on the spare GPU first when maxSurge is above 0); beside a single replica it runs on
-    the spare GPU and is deleted before a promotion rolls the replica; where an autoscaler owns
-    the count it runs beside the main pods."""
+    the spare GPU at all of the load (the Service routed to it, the replica idle and warm as
+    the way back, stopped as soon as it congests, promoted only if requests stay 10% less
+    long) and is deleted before a promotion rolls the replica; where an autoscaler owns the
+    count it runs beside the main pods."""
     explore: bool = False
     """With at least 2 replicas, or 1 and maxSurge above 0, let the tuner try a candidate it has
-    not measured, or is unsure of, as a trial on a 1-replica canary (taking 1/N of the traffic,
-    half beside a single replica), when the trial's expected improvement outweighs its expected
-    loss. Off by default: in the bench's 4-replica ablations (bench/results/ablations.md) trials
-    paid for themselves in no world and cost in some; beside one replica their gains were the
-    spare GPU's capacity while rejected canaries served, not what the trials taught."""
+    not measured, or is unsure of, as a trial on a 1-replica canary (taking 1/N of the traffic;
+    beside a single replica, all of it, with the replica as the way back), when the trial's
+    expected improvement outweighs its expected loss. Off by default: in the bench's 4-replica
+    ablations (bench/results/ablations.md) trials paid for themselves in no world and cost in
+    some; beside one replica they paid where a trial moved it in 6 of 8 Poisson cells and cost
+    in 2, and most other gains there were the spare GPU's capacity while a rejected canary
+    served, not what the trials taught."""
     max_surge: int = Field(default=1, ge=0, le=1024)
     """Extra pods a switch may start before old ones stop (the Deployment's rolling update). 1
     keeps full capacity during a switch but needs a spare GPU; with no spare GPU, set 0 and

@@ -13,9 +13,16 @@ Contract (operator/loop.py `Actuator`, plus what rollouts need):
   created. Applying the config that already runs is a cheap no-op (no patch, one status read).
 - With `canary` on (or for a trial, `apply_trial`: the tuner exploring) and at least 2 main
   replicas, or one with a spare GPU (`spare_replica`), a new config first runs as a 1-replica
-  `<name>-canary` Deployment (role "canary", same Service). Beside a single replica it takes
-  half the traffic and, promoted, is deleted before the main replica rolls (its GPU is the
-  one the main replica's surge pod needs). Where the SpecDeployment sets the replica count
+  `<name>-canary` Deployment (role "canary", same Service). Beside a single replica the
+  trial runs at all of the load (runtime/full_load_trial.py): once the canary is Ready and
+  warmed up, the Service is routed to the canary's pods only (its selector narrowed to role
+  "canary"; the replica finishes what it holds and idles, warm) for `full_load_window_s`,
+  read every `PROBE_S`; the canary is stopped at the probes that find it congested and
+  judged on its time in system against the main pods' last window (`observe`'s), with no
+  judge; then the Service is routed to the main pods, the canary finishes what it holds and
+  is deleted (promoted or not: its GPU is the one the main replica's surge pod needs), and
+  the Service gets both roles back (`_delete_canary` also restores a Service an operator
+  killed mid-trial left on one role). Where the SpecDeployment sets the replica count
   (`canary_in_place`), the canary takes one main replica's place, so a trial never serves on
   more GPUs than the config it is compared with: the main Deployment is scaled to N-1 (its
   count kept in `CANARY_SLOT_ANNOTATION`) once the canary is Ready with a spare GPU
@@ -47,7 +54,7 @@ import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 from specpilot.operator.api.names import CANARY_SLOT_ANNOTATION, CONFIG_ANNOTATION
 from specpilot.operator.api.spec import SpecDeploymentSpec
@@ -55,13 +62,16 @@ from specpilot.operator.kube.children import (
     Role,
     desired_config_map,
     desired_deployment,
+    service_name,
 )
 from specpilot.operator.kube.client import KubeConflict
 from specpilot.operator.kube.pod_metrics import PodTarget, PodWindowSource, pod_target
 from specpilot.operator.kube.retry import with_retries
 from specpilot.operator.kube.rollout import rollout_status
 from specpilot.operator.loop import TrialJudge
-from specpilot.runtime.engine_metrics import observe, observe_per_pod
+from specpilot.runtime.engine_metrics import WindowStats, consecutive, observe, observe_per_pod
+from specpilot.runtime.full_load_trial import PROBE_S, FullLoadTrial, in_flight, time_in_system
+from specpilot.runtime.full_load_trial import WINDOW_S as FULL_LOAD_WINDOW_S
 from specpilot.tuner import Observation, SpecConfig
 
 Renderer = Callable[[SpecConfig, Role], dict[str, Any]]
@@ -101,6 +111,12 @@ class DeploymentApi(Protocol):
 
     def list_pods(self, namespace: str, selector: Mapping[str, str]) -> list[Obj]: ...
 
+    def service_selector(self, namespace: str, name: str) -> dict[str, str] | None:
+        """The Service's pod selector (None: no such Service)."""
+
+    def set_service_selector(self, namespace: str, name: str, selector: Mapping[str, str]) -> None:
+        """Route the Service to the pods `selector` picks (replacing its selector whole)."""
+
 
 class CanaryRejected(RuntimeError):
     """The canary ran but was slower per pod than the main pods beyond the tolerance, had no
@@ -136,6 +152,9 @@ class KubeActuator:
     first request's prefill at once, below the main pods' batch), which is not its config's
     speed."""
     canary_tolerance: float = 0.05
+    full_load_window_s: float = FULL_LOAD_WINDOW_S
+    """How long a canary beside a single replica takes all of the load (a trial at all of the
+    load: runtime/full_load_trial.py)."""
     canary_in_place: bool = False
     """The canary takes one main replica's place (main scaled to N-1 while it runs): for a
     count the SpecDeployment sets. False where an autoscaler owns it: the canary runs beside."""
@@ -154,6 +173,9 @@ class KubeActuator:
     the canary's config from it: `trial_observation`)."""
     rollouts: int = 0
     """Template patches made (a rollback counts as one)."""
+    last_observation: Observation | None = None
+    """The main pods' last window `observe` returned: a trial at all of the load compares
+    the canary with it."""
 
     @property
     def canary_name(self) -> str:
@@ -165,14 +187,16 @@ class KubeActuator:
     def apply_trial(self, config: SpecConfig, judge: TrialJudge | None = None) -> None:
         """A trial goes through the canary whether or not the spec asks for canaries: with two
         or more main replicas it runs at one replica's share of the traffic (beside a single
-        replica with a spare GPU, at half), and one that disappoints raises CanaryRejected
-        with the main pods untouched."""
+        replica with a spare GPU, at all of the load, the replica the way back), and one that
+        disappoints raises CanaryRejected with the main pods untouched."""
         self._apply(config, canary=True, judge=judge)
 
     def canary_share(self) -> float | None:
         """The share of the traffic a trial's canary would take now with N >= 2 main replicas
         (the Service spreads requests evenly over the pods): 1/N in a replica's place, 1/(N+1)
-        beside them; 1/2 beside a single replica with a spare GPU; None with one and no spare
+        beside them; 1/2 beside a single replica with a spare GPU (the tuner's price for a
+        trial that takes all of the load, stopped at its first congested probes, with a warm
+        replica to take it back); None with one and no spare
         GPU (there `apply_trial` rolls the main pod at all of the traffic). An API that cannot
         tell counts as no canary: the tuner then just does not explore this window."""
         try:
@@ -236,7 +260,8 @@ class KubeActuator:
     def observe(self, window_s: float) -> Observation:
         targets = self._targets(self._selector(self.render(self._running(), "main")))
         stats = self.metrics.window(self.engine, targets, window_s)
-        return observe(self.engine, stats)
+        self.last_observation = observe(self.engine, stats)
+        return self.last_observation
 
     def _running(self) -> SpecConfig:
         if self.config is not None:
@@ -301,6 +326,12 @@ class KubeActuator:
         if in_place and self.spare_replica:
             self._hold_slot(replicas)
         self.sleep(self.canary_warmup_s)
+        if replicas == 1:  # beside the only replica: measured at all of the load, no judge
+            self.last_canary = result = self._at_full_load(config, desired)
+            self._notify("CanaryPromoted" if result.promoted else "CanaryRejected", result.reason)
+            if not result.promoted:
+                raise CanaryRejected(result.reason)
+            return
         result = self._compare(config, desired)
         served = self.last_canary_observation
         why_not = judge(served) if result.promoted and judge and served else None
@@ -335,7 +366,85 @@ class KubeActuator:
         self._delete_canary()
 
     def _delete_canary(self) -> None:
+        """Delete the canary, then give the Service back both roles' pods if a trial at all
+        of the load left it routed to one (this operator's, or one killed mid-trial: a
+        Service left on the canary's pods would have none once they go)."""
         self._call(lambda: self.api.delete_deployment(self.namespace, self.canary_name))
+        both = self._service_selector("both")
+        live = self._call(lambda: self.api.service_selector(self.namespace, self._service))
+        if live is not None and live != both:
+            self._route("both")
+
+    @property
+    def _service(self) -> str:
+        return service_name(self.name)
+
+    def _service_selector(self, pods: Literal["main", "canary", "both"]) -> dict[str, str]:
+        """The Service's selector for `pods`: a role's Deployment selector, or what the two
+        have in common (the Service's own)."""
+        main = self._selector(self.render(self._running(), "main"))
+        canary = self._selector(self.render(self._running(), "canary"))
+        if pods == "main":
+            return main
+        if pods == "canary":
+            return canary
+        return {k: v for k, v in main.items() if canary.get(k) == v}
+
+    def _route(self, pods: Literal["main", "canary", "both"]) -> None:
+        selector = self._service_selector(pods)
+        self._call(lambda: self.api.set_service_selector(self.namespace, self._service, selector))
+        self._notify("TrafficRouted", f"{self._service}: new requests to {pods} pods")
+
+    def _at_full_load(self, config: SpecConfig, canary: Mapping[str, Any]) -> CanaryResult:
+        """A trial at all of the load (runtime/full_load_trial.py): the Service routed to the
+        canary's pods, read every `PROBE_S` and stopped at the probes that find it congested,
+        judged on its time in system against the main pods' last window; then the Service
+        routed to the main pods and the canary left to finish what it holds (the caller
+        deletes it, which gives the Service both roles back)."""
+        reference = self.last_observation
+        if reference is None:
+            return CanaryResult(
+                config, None, None, False,
+                f"canary {config.describe()} rejected: no window of the replica's to compare "
+                "with",
+            )  # fmt: skip
+        targets = self._targets(self._selector(canary))
+        trial, windows, why_not, elapsed = FullLoadTrial(reference), [], None, 0.0
+        self._route("canary")
+        try:
+            while why_not is None and elapsed < self.full_load_window_s:
+                span = min(PROBE_S, self.full_load_window_s - elapsed)
+                stats = self.metrics.window(self.engine, targets, span)
+                windows.append(stats)
+                elapsed += span
+                held = in_flight(observe(self.engine, stats))
+                why_not = trial.overloaded(held, elapsed) if held is not None else None
+        finally:
+            self._route("main")
+        self._drain(targets)
+        per_pod: dict[str, list[WindowStats]] = {}
+        for stats in windows:
+            for s in stats:
+                per_pod.setdefault(s.pod, []).append(s)
+        joined = [consecutive(w) for w in per_pod.values()]
+        served = self.last_canary_observation = observe(self.engine, joined) if joined else None
+        if why_not is None:
+            why_not = trial.verdict(served) if served else "no window of the canary's"
+        verdict = "promoted" if why_not is None else f"rejected: {why_not}"
+        kept = time_in_system(served) if served else None
+        return CanaryResult(
+            config, None, None, why_not is None,
+            f"canary {config.describe()} at all of the load {verdict}"
+            + ("" if kept is None else f" ({kept:.2f} s in system)"),
+        )  # fmt: skip
+
+    def _drain(self, targets: list[PodTarget]) -> None:
+        """Read the canary's pods until they hold no request, for at most the rollout
+        timeout's worth of probes (the caller deletes them either way)."""
+        for _ in range(max(1, int(self.rollout_timeout_s / PROBE_S))):
+            stats = self.metrics.window(self.engine, targets, PROBE_S)
+            if not in_flight(observe(self.engine, stats)):
+                return
 
     def _compare(self, config: SpecConfig, canary: Mapping[str, Any]) -> CanaryResult:
         main_targets = self._targets(self._selector(self.render(self._running(), "main")))

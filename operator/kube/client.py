@@ -220,6 +220,16 @@ class KubeRest:
     def list_pods(self, namespace: str, selector: Mapping[str, str]) -> builtins.list[Obj]:
         return self.list("v1", "pods", namespace, label_selector(selector))
 
+    def service_selector(self, namespace: str, name: str) -> dict[str, str] | None:
+        live = self.get("v1", "services", namespace, name)
+        return None if live is None else dict((live.get("spec") or {}).get("selector") or {})
+
+    def set_service_selector(self, namespace: str, name: str, selector: Mapping[str, str]) -> None:
+        # replaced whole: a merge patch would keep a key the new selector drops
+        patch = [{"op": "replace", "path": "/spec/selector", "value": dict(selector)}]
+        if self.patch("v1", "services", namespace, name, patch, kind="json") is None:
+            raise KubeApiError(f"route Service {namespace}/{name}: not found")
+
     def _call(
         self,
         method: str,

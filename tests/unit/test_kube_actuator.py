@@ -88,7 +88,10 @@ class FakeCluster:
     patches: list[str] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
     writes: list[str] = field(default_factory=list)
-    """Every write, in order: "create NAME", "patch NAME", "scale NAME N[ held M]", "delete"."""
+    """Every write, in order: "create NAME", "patch NAME", "scale NAME N[ held M]", "delete",
+    "route SERVICE to ROLE|both"."""
+    services: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Service name -> its pod selector."""
 
     def read_deployment(self, namespace: str, name: str) -> Obj | None:
         self.controller(self)
@@ -133,6 +136,14 @@ class FakeCluster:
             for p in self.pods
             if all(p["metadata"]["labels"].get(k) == v for k, v in selector.items())
         ]
+
+    def service_selector(self, namespace: str, name: str) -> dict[str, str] | None:
+        found = self.services.get(name)
+        return dict(found) if found is not None else None
+
+    def set_service_selector(self, namespace: str, name: str, selector: Mapping[str, str]) -> None:
+        self.services[name] = dict(selector)
+        self.writes.append(f"route {name} to {selector.get('role', 'both')}")
 
 
 def settle(cluster: FakeCluster) -> None:
@@ -751,10 +762,49 @@ def test_the_kube_actuator_has_a_canary_with_two_replicas_or_one_and_a_spare_gpu
     assert actuator(cluster, canary_in_place=True).canary_share() == pytest.approx(1 / 2)
 
 
-def test_beside_one_replica_a_canary_is_deleted_before_a_promotion_rolls_the_replica() -> None:
-    speeds = {"eagle3": 150.0, "ngram": 50.0, "none": 100.0}
-    metrics = PerPodMetrics(lambda t: speeds[t.config["method"] if t.config else "none"])
-    cluster = FakeCluster(controller=settle)
+@dataclass
+class LittleMetrics:
+    """A PodWindowSource answering each pod's requests in flight and finished per second:
+    the main pods' from `main`, the canary's from `canary(probe)` while the Service routes
+    to it (probe: the canary's windows so far), and an emptied canary once it does not."""
+
+    cluster: FakeCluster
+    main: tuple[float, float]
+    canary: Callable[[int], tuple[float, float]]
+    windows: list[tuple[tuple[str, ...], float]] = field(default_factory=list)
+    probes: int = 0
+
+    def window(
+        self, engine: str, targets: Sequence[PodTarget], window_s: float
+    ) -> list[WindowStats]:
+        self.windows.append((tuple(t.name for t in targets), window_s))
+        routed = self.cluster.services.get("llm", {}).get("role")
+        out = []
+        for t in targets:
+            if not t.name.startswith("llm-canary"):
+                held, rate = self.main
+            elif routed == "canary":
+                held, rate = self.canary(self.probes)
+                self.probes += 1
+            else:
+                held, rate = 0.0, 0.0
+            out.append(
+                WindowStats(
+                    pod=t.name, window_s=window_s, gauges={"running": held, "waiting": 0.0},
+                    histogram_sums={"inference_s": held * window_s},
+                    histogram_counts={"inference_s": rate * window_s},
+                )
+            )  # fmt: skip
+        return out
+
+
+def beside_one_replica(
+    canary: Callable[[int], tuple[float, float]],
+) -> tuple[KubeActuator, FakeCluster, LittleMetrics]:
+    """One main replica at 40 requests in flight, 10 finished/s (4 s each), a spare GPU, the
+    Service over both roles; the tuner's window of it already observed."""
+    cluster = FakeCluster(controller=settle, services={"llm": {"app": "llm"}})
+    metrics = LittleMetrics(cluster, (40.0, 10.0), canary)
     clock = FakeClock()
 
     def render(config: SpecConfig, role: str) -> Obj:
@@ -763,21 +813,58 @@ def test_beside_one_replica_a_canary_is_deleted_before_a_promotion_rolls_the_rep
     act = KubeActuator(
         api=cluster, name="llm", namespace="ns", engine="vllm", render=render,  # type: ignore[arg-type]
         metrics=metrics, rollout_timeout_s=60, poll_s=1, clock=clock, sleep=clock.sleep,
-        canary_window_s=10, canary_in_place=True,
+        canary_in_place=True,
     )  # fmt: skip
     act.apply(SpecConfig())
+    act.observe(60.0)
+    cluster.writes.clear()
+    return act, cluster, metrics
+
+
+def test_beside_one_replica_a_trial_takes_all_of_the_load_and_its_promotion_rolls_the_replica() -> (
+    None
+):
+    act, cluster, metrics = beside_one_replica(lambda probe: (20.0, 10.0))  # 2 s each
     assert act.canary_share() == pytest.approx(1 / 2)
-    cluster.writes.clear()
-    with pytest.raises(CanaryRejected):
-        act.apply_trial(SpecConfig(method="ngram", num_speculative_tokens=3))
-    # the replica was never scaled nor patched: only the canary came and went
-    assert cluster.writes == ["create llm-canary", "delete llm-canary"]
-    assert len(metrics.windows[-1]) == 2  # the replica and the canary, one window
-    cluster.writes.clear()
     act.apply_trial(EAGLE)
-    # its GPU is the spare the replica's surge pod needs: gone before the replica rolls
-    assert cluster.writes == ["create llm-canary", "delete llm-canary", "patch llm"]
-    assert act.config == EAGLE and cluster.deployments["llm"]["spec"]["replicas"] == 1
+    # all of the load to the canary for the whole window, then back to the replica while the
+    # canary finishes; its GPU is the spare the replica's surge pod needs: gone before the
+    # replica rolls, and the Service given both roles again once it is
+    assert cluster.writes == [
+        "create llm-canary", "route llm to canary", "route llm to main", "delete llm-canary",
+        "route llm to both", "patch llm",
+    ]  # fmt: skip
+    assert metrics.probes * 5.0 == pytest.approx(act.full_load_window_s)
+    assert act.config == EAGLE and cluster.services["llm"] == {"app": "llm"}
+    assert act.last_canary is not None and "promoted (2.00 s in system)" in act.last_canary.reason
+    served = act.trial_observation()
+    # the tuner learns the canary over the whole window, its probes joined
+    assert served is not None and served.window_s == pytest.approx(act.full_load_window_s)
+    assert served.requests_per_s == pytest.approx(10.0)
+
+
+def test_beside_one_replica_a_congested_canary_is_stopped_and_the_replica_left_alone() -> None:
+    act, cluster, metrics = beside_one_replica(lambda probe: (60.0 + 10 * probe, 8.0))
+    with pytest.raises(CanaryRejected, match=r"requests in flight against the replica's 40\.0"):
+        act.apply_trial(SpecConfig(method="ngram", num_speculative_tokens=3))
+    # stopped at the second probe past the settle time, long before its window ran out
+    assert metrics.probes == 3
+    assert cluster.writes == [
+        "create llm-canary", "route llm to canary", "route llm to main", "delete llm-canary",
+        "route llm to both",
+    ]  # fmt: skip
+    assert act.config == SpecConfig() and cluster.services["llm"] == {"app": "llm"}
+
+
+def test_a_service_an_operator_left_on_the_canary_gets_both_roles_back_with_the_canary_gone() -> (
+    None
+):
+    act, cluster, _ = beside_one_replica(lambda probe: (20.0, 10.0))
+    # killed mid-trial: the canary runs and the Service routes every request to it
+    cluster.deployments["llm-canary"] = deployment(EAGLE, replicas=1, role="canary")
+    cluster.services["llm"] = {"app": "llm", "role": "canary"}
+    act.apply(SpecConfig())
+    assert cluster.writes == ["delete llm-canary", "route llm to both"]
 
 
 def test_a_refused_move_is_explained_by_its_reason_and_the_refusal() -> None:

@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from specpilot.runtime.engine_metrics import (
     WindowStats,
+    consecutive,
     histogram_quantile,
     observe,
     observe_per_pod,
@@ -220,3 +221,29 @@ def test_finished_requests_are_read_from_a_per_request_histograms_count(
     assert obs.prompt_tokens_per_s / obs.requests_per_s == pytest.approx(1000.0)
     idle = observe(engine, [WindowStats(pod="pod-0", window_s=10.0, counters={})])
     assert idle.requests_per_s is None
+
+
+def test_back_to_back_windows_join_into_one_that_reads_the_same() -> None:
+    def probe(running: float, finished: float, accepted: float) -> WindowStats:
+        return WindowStats(
+            pod="p", window_s=5.0,
+            counters={"generation_tokens": 500.0, "accepted": accepted, "drafts": 100.0},
+            gauges={"running": running, "waiting": 0.0},
+            histograms={"tpot": {0.01: finished, math.inf: finished}},
+            histogram_sums={"inference_s": running * 5.0},
+            histogram_counts={"inference_s": finished},
+            accepted_per_position={0: accepted},
+        )  # fmt: skip
+
+    first, second = probe(10.0, 20.0, 150.0), probe(30.0, 40.0, 250.0)
+    joined = consecutive([first, second])
+    assert joined.window_s == 10.0 and joined.counters["generation_tokens"] == 1000.0
+    assert joined.gauges["running"] == pytest.approx(20.0)  # each probe's mean, 5 s each
+    assert joined.histograms["tpot"][math.inf] == 60.0
+    seen = observe("vllm", [joined])
+    # requests in flight by Little's law over the whole span; 60 finished in 10 s
+    assert seen.running_requests == pytest.approx(20.0)
+    assert seen.requests_per_s == pytest.approx(6.0)
+    assert seen.acceptance_length == pytest.approx(1 + 400.0 / 200.0)
+    with pytest.raises(ValueError, match="no windows"):
+        consecutive([])
