@@ -20,7 +20,8 @@ speculation, the full tuner and each ablation (operator/app/bench/policies.py, `
   (`poisson-vllm-4x-one-at-a-time`, the sweep at four rates, and `azure-vllm-4x-surge`) and
   with one replica and a surge rollout, whose spare GPU holds a canary beside the replica that
   takes all of the load for its trial, the replica idle and warm as the way back
-  (`poisson-vllm-exploration`, `azure-vllm-surge-exploration`; runtime/full_load_trial.py),
+  (`poisson-vllm-exploration`, `azure-vllm-surge-exploration`, and with SGLang
+  `azure-sglang-surge-exploration`; runtime/full_load_trial.py),
   each time alone beside the tuner and no speculation; with trials on all of the traffic and
   no replica held back it paid for itself in none of 90 one-replica world runs
   (`git show d04e071:bench/results/ablations.md`), at half the traffic its gains were the
@@ -46,6 +47,7 @@ from specpilot.operator.app.cli import main as specpilot
 RESULTS = Path(__file__).resolve().parent / "results"
 AZURE = "bench/traces/azure_conv_2023.csv"
 VLLM = ["--gpu", "H100", "--model-profile", "llama-3.1-8b", "--engine", "vllm"]
+SGLANG = ["--gpu", "H200", "--model-profile", "qwen3-8b", "--engine", "sglang"]
 POLICIES = ",".join([NO_SPEC, SPECPILOT, *(a for a in ABLATIONS if a not in ADDED)])
 """One replica: every ablation but the added trials, which need a canary to run at all."""
 RUNS: dict[str, list[str]] = {
@@ -73,6 +75,9 @@ RUNS: dict[str, list[str]] = {
     "azure-vllm-surge-exploration": [
         "--trace", AZURE, "--peak-load", "1.2", *VLLM, "--rollout", "surge",
     ],
+    "azure-sglang-surge-exploration": [
+        "--trace", AZURE, "--peak-load", "1.2", *SGLANG, "--rollout", "surge",
+    ],
 }  # fmt: skip
 EXPLORATION = "specpilot:exploration"
 EXPLORATION_ONLY = ",".join([NO_SPEC, SPECPILOT, EXPLORATION])
@@ -81,6 +86,7 @@ RUN_POLICIES = {
     "azure-vllm-4x-surge": EXPLORATION_ONLY,
     "poisson-vllm-exploration": EXPLORATION_ONLY,
     "azure-vllm-surge-exploration": EXPLORATION_ONLY,
+    "azure-sglang-surge-exploration": EXPLORATION_ONLY,
 }
 """Runs that compare fewer policies than `POLICIES`."""
 
