@@ -417,8 +417,7 @@ class KubeActuator:
                 stats = self.metrics.window(self.engine, targets, span)
                 windows.append(stats)
                 elapsed += span
-                held = in_flight(observe(self.engine, stats))
-                why_not = trial.overloaded(held, elapsed) if held is not None else None
+                why_not = trial.overloaded(observe(self.engine, stats), elapsed)
         finally:
             self._route("main")
         self._drain(targets)
@@ -430,13 +429,14 @@ class KubeActuator:
         served = self.last_canary_observation = observe(self.engine, joined) if joined else None
         if why_not is None:
             why_not = trial.verdict(served) if served else "no window of the canary's"
-        verdict = "promoted" if why_not is None else f"rejected: {why_not}"
         kept = time_in_system(served) if served else None
-        return CanaryResult(
-            config, None, None, why_not is None,
-            f"canary {config.describe()} at all of the load {verdict}"
-            + ("" if kept is None else f" ({kept:.2f} s in system)"),
-        )  # fmt: skip
+        stay = "" if kept is None else f" ({kept:.2f} s in system over its window)"
+        reason = (
+            f"canary {config.describe()} promoted at all of the load{stay}"
+            if why_not is None
+            else f"canary {config.describe()} rejected: {why_not}"
+        )
+        return CanaryResult(config, None, None, why_not is None, reason)
 
     def _drain(self, targets: list[PodTarget]) -> None:
         """Read the canary's pods until they hold no request, for at most the rollout

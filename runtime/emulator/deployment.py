@@ -256,9 +256,14 @@ class EmulatedDeployment:
         trial = FullLoadTrial(reference) if reference is not None else None
         why_not, window_start = None, self.now
         while why_not is None and self.now < window_start + self.full_load_window_s:
+            before, probe_start = _probe_totals(measured, canary), self.now
             self.run_until(min(window_start + self.full_load_window_s, self.now + PROBE_S))
-            held = float(self._replicas[canary].outstanding())
-            why_not = trial.overloaded(held, self.now - window_start) if trial else None
+            probe = self._observation(
+                _probe_totals(measured, canary, since=before),
+                self.now - probe_start,
+                [(canary, self._replicas[canary])],
+            )
+            why_not = trial.overloaded(probe, self.now - window_start) if trial else None
         self._trial = self._observation(
             measured, self.now - window_start, [(canary, self._replicas[canary])]
         )
@@ -466,6 +471,19 @@ class EmulatedDeployment:
             ),
             requests_per_s=w.finished / window_s if w.finished and window_s > 0 else None,
         )
+
+
+def _probe_totals(
+    w: _WindowTotals, replica: int, since: _WindowTotals | None = None
+) -> _WindowTotals:
+    """What a probe reads of one replica: its tokens, finished requests and batch integral so
+    far in `w`, less what they were `since` (an earlier reading of the same window)."""
+    start = since or _WindowTotals()
+    return _WindowTotals(
+        tokens=w.tokens - start.tokens,
+        finished=w.finished - start.finished,
+        batch_time={replica: w.batch_time.get(replica, 0.0) - start.batch_time.get(replica, 0.0)},
+    )
 
 
 def _sequence_speed(w: _WindowTotals) -> float | None:

@@ -44,17 +44,20 @@ def test_time_in_system_is_requests_in_flight_over_requests_finished_per_second(
 
 
 def test_a_canary_is_stopped_only_after_two_probes_running_above_the_replica() -> None:
-    trial = FullLoadTrial(window(50.0, 0.0, 15.0))
-    over = 50.0 * (1 + OVERLOAD_TOLERANCE) + 1
+    trial = FullLoadTrial(window(50.0, 0.0, 10.0))  # 5 s in system
+    over = window(50.0 * (1 + OVERLOAD_TOLERANCE) + 1, 0.0, 10.0)
     # the first seconds are the switch itself: not read
-    assert trial.overloaded(500.0, SETTLE_S - 1) is None
+    assert trial.overloaded(window(500.0, 0.0, 10.0), SETTLE_S - 1) is None
     assert trial.overloaded(over, SETTLE_S) is None  # one probe above is a burst
-    assert trial.overloaded(40.0, SETTLE_S + 5) is None  # and it came back
-    assert trial.overloaded(over, SETTLE_S + 10) is None
-    why = trial.overloaded(over, SETTLE_S + 15)
-    assert why is not None and "61 requests in flight against the replica's 50.0" in why
-    # no reference load: nothing to compare, never stopped
-    assert FullLoadTrial(window(0.0, 0.0, 0.0)).overloaded(1e6, 1e6) is None
+    assert trial.overloaded(window(40.0, 0.0, 10.0), SETTLE_S + 5) is None  # and it came back
+    # twice the requests in flight at twice the arrivals: the same stay, not congestion
+    assert trial.overloaded(window(100.0, 0.0, 20.0), SETTLE_S + 10) is None
+    assert trial.overloaded(over, SETTLE_S + 15) is None
+    why = trial.overloaded(over, SETTLE_S + 20)
+    assert why is not None and "stayed 6.10 s against 5.00 s" in why and "+22%" in why
+    # a probe with nothing finished, or no reference load: nothing to compare, never stopped
+    assert trial.overloaded(window(500.0, 0.0, None), 1e6) is None
+    assert FullLoadTrial(window(0.0, 0.0, 0.0)).overloaded(over, 1e6) is None
 
 
 def test_the_verdict_asks_for_a_shorter_stay_than_the_replicas_by_the_required_gain() -> None:

@@ -836,7 +836,10 @@ def test_beside_one_replica_a_trial_takes_all_of_the_load_and_its_promotion_roll
     ]  # fmt: skip
     assert metrics.probes * 5.0 == pytest.approx(act.full_load_window_s)
     assert act.config == EAGLE and cluster.services["llm"] == {"app": "llm"}
-    assert act.last_canary is not None and "promoted (2.00 s in system)" in act.last_canary.reason
+    assert (
+        act.last_canary is not None
+        and "promoted at all of the load (2.00 s in system" in act.last_canary.reason
+    )
     served = act.trial_observation()
     # the tuner learns the canary over the whole window, its probes joined
     assert served is not None and served.window_s == pytest.approx(act.full_load_window_s)
@@ -845,7 +848,10 @@ def test_beside_one_replica_a_trial_takes_all_of_the_load_and_its_promotion_roll
 
 def test_beside_one_replica_a_congested_canary_is_stopped_and_the_replica_left_alone() -> None:
     act, cluster, metrics = beside_one_replica(lambda probe: (60.0 + 10 * probe, 8.0))
-    with pytest.raises(CanaryRejected, match=r"requests in flight against the replica's 40\.0"):
+    with pytest.raises(
+        CanaryRejected,
+        match=r"rejected: at all of the load a request stayed 10\.00 s against 4\.00 s",
+    ):
         act.apply_trial(SpecConfig(method="ngram", num_speculative_tokens=3))
     # stopped at the second probe past the settle time, long before its window ran out
     assert metrics.probes == 3
