@@ -295,9 +295,9 @@ class Tuning(ApiModel):
     beside a single replica, all of it, with the replica as the way back), when the trial's
     expected improvement outweighs its expected loss. Off by default: in the bench's 4-replica
     ablations (bench/results/ablations.md) trials paid for themselves in no world and cost in
-    some; beside one replica they paid where a trial moved it in 6 of 8 Poisson cells and cost
-    in 2, and most other gains there were the spare GPU's capacity while a rejected canary
-    served, not what the trials taught."""
+    some; beside one replica they paid where a trial moved it in 9 of 13 Poisson cells and
+    cost in 2, and most other gains there were the spare GPU's capacity while a rejected
+    canary served, not what the trials taught."""
     max_surge: int = Field(default=1, ge=0, le=1024)
     """Extra pods a switch may start before old ones stop (the Deployment's rolling update). 1
     keeps full capacity during a switch but needs a spare GPU; with no spare GPU, set 0 and
