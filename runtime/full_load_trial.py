@@ -3,8 +3,9 @@ the replica, idle but warm, is the way back.
 
 Why: a canary at half the traffic runs at a small batch, and what decides near capacity (the
 speculative path at the batch the whole load drives it to) is not measured there; the tuner's
-judge, extrapolating from it, told the worlds where EAGLE-3 holds 0.7 of capacity from those
-where it does not in none of them (bench/results/ablations.md, exploration). At all of the
+judge, extrapolating from it, put the same capacity over need (0.9 to 1.03) on the worlds
+where EAGLE-3 holds 0.7 of capacity and on those where it does not
+(`git show 243d7a9:bench/results/ablations-poisson-vllm-exploration.json`). At all of the
 load the canary shows it directly, and a warm replica makes the way back a routing change,
 not an engine start.
 
@@ -40,8 +41,9 @@ REQUIRED_GAIN = 0.1
 percent faster at this load is the one that congests first when it rises."""
 WINDOW_S = 300.0
 """How long the canary serves all of the load: the congestion episodes that decide near
-capacity come every few minutes, not in every window (EAGLE-3 K=3, world 4 at 0.7 of
-capacity: 0.67x to 1.6x of no speculation's mean E2E from one 60 s window to the next)."""
+capacity come every few minutes, not in every window (static EAGLE-3 K=3, world 4 at 0.7 of
+capacity: 0.67x to 1.67x of no speculation's mean E2E from one 60 s window to another,
+bench/results/yardstick-poisson-vllm.json)."""
 
 
 def in_flight(observation: Observation) -> float | None:
