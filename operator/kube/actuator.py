@@ -19,10 +19,12 @@ Contract (operator/loop.py `Actuator`, plus what rollouts need):
   "canary"; the replica finishes what it holds and idles, warm) for `full_load_window_s`,
   read every `PROBE_S`; the canary is stopped at the probes that find it congested and
   judged on its time in system against the main pods' last window (`observe`'s), with no
-  judge; then the Service is routed to the main pods, the canary finishes what it holds and
-  is deleted (promoted or not: its GPU is the one the main replica's surge pod needs), and
-  the Service gets both roles back (`_delete_canary` also restores a Service an operator
-  killed mid-trial left on one role). Where the SpecDeployment sets the replica count
+  judge. Promoted, the canary serves on while the idle main pod is replaced on its own GPU
+  (main scaled to 0, its count held in `CANARY_SLOT_ANNOTATION`, patched, given back); then,
+  promoted or not, the Service is routed to the main pods, the canary finishes what it holds
+  and is deleted, and the Service gets both roles back (`_delete_canary`, which also
+  restores a Service an operator killed mid-trial left on one role). Where the
+  SpecDeployment sets the replica count
   (`canary_in_place`), the canary takes one main replica's place, so a trial never serves on
   more GPUs than the config it is compared with: the main Deployment is scaled to N-1 (its
   count kept in `CANARY_SLOT_ANNOTATION`) once the canary is Ready with a spare GPU
@@ -247,8 +249,10 @@ class KubeActuator:
                     given_back = True
                     raise
                 if _replicas(live) == 1:
-                    # the canary beside the only replica holds the spare GPU its surge needs
-                    self._delete_canary()
+                    # promoted beside the only replica: the canary serves on while the idle
+                    # replica is replaced on its own GPU (scaled to 0, its count held and
+                    # given back below, the canary deleted once the new pod is Ready)
+                    self._hold_slot(1)
             self._roll(self.name, "main", main, live, config)
             self._give_back_slot(config)
             given_back = True
@@ -368,11 +372,16 @@ class KubeActuator:
     def _delete_canary(self) -> None:
         """Delete the canary, then give the Service back both roles' pods if a trial at all
         of the load left it routed to one (this operator's, or one killed mid-trial: a
-        Service left on the canary's pods would have none once they go)."""
-        self._call(lambda: self.api.delete_deployment(self.namespace, self.canary_name))
-        both = self._service_selector("both")
+        Service left on the canary's pods would have none once they go). A canary that has
+        all of the load first sends new requests to the main pods and finishes what it
+        holds."""
         live = self._call(lambda: self.api.service_selector(self.namespace, self._service))
-        if live is not None and live != both:
+        canary = self._service_selector("canary")
+        if live == canary:  # it has all of the load: new requests to the replica first
+            self._route("main")
+            self._drain(self._targets(canary))
+        self._call(lambda: self.api.delete_deployment(self.namespace, self.canary_name))
+        if live is not None and live != self._service_selector("both"):
             self._route("both")
 
     @property
@@ -398,9 +407,9 @@ class KubeActuator:
     def _at_full_load(self, config: SpecConfig, canary: Mapping[str, Any]) -> CanaryResult:
         """A trial at all of the load (runtime/full_load_trial.py): the Service routed to the
         canary's pods, read every `PROBE_S` and stopped at the probes that find it congested,
-        judged on its time in system against the main pods' last window; then the Service
-        routed to the main pods and the canary left to finish what it holds (the caller
-        deletes it, which gives the Service both roles back)."""
+        judged on its time in system against the main pods' last window. The Service stays
+        on the canary: rejected, deleting it (`_delete_canary`) sends new requests back to
+        the main pods first; promoted, it serves on while the main pod is replaced."""
         reference = self.last_observation
         if reference is None:
             return CanaryResult(
@@ -411,16 +420,12 @@ class KubeActuator:
         targets = self._targets(self._selector(canary))
         trial, windows, why_not, elapsed = FullLoadTrial(reference), [], None, 0.0
         self._route("canary")
-        try:
-            while why_not is None and elapsed < self.full_load_window_s:
-                span = min(PROBE_S, self.full_load_window_s - elapsed)
-                stats = self.metrics.window(self.engine, targets, span)
-                windows.append(stats)
-                elapsed += span
-                why_not = trial.overloaded(observe(self.engine, stats), elapsed)
-        finally:
-            self._route("main")
-        self._drain(targets)
+        while why_not is None and elapsed < self.full_load_window_s:
+            span = min(PROBE_S, self.full_load_window_s - elapsed)
+            stats = self.metrics.window(self.engine, targets, span)
+            windows.append(stats)
+            elapsed += span
+            why_not = trial.overloaded(observe(self.engine, stats), elapsed)
         per_pod: dict[str, list[WindowStats]] = {}
         for stats in windows:
             for s in stats:

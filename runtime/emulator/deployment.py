@@ -39,9 +39,10 @@ is the simulated time.
   warms up at the balancer's share, then takes every new request for `full_load_window_s`
   while the replica finishes its own and idles, warm; it is stopped at the first probe
   (every `PROBE_S`) that finds it congested and judged on its time in system against the
-  replica's last window (`observe`'s); new requests then go back to the replica, the canary
-  finishes what it holds and stops (its GPU is the spare a promotion's surge needs), and a
-  promotion rolls the replica out. With one replica and no spare GPU a trial is an `apply`.
+  replica's last window (`observe`'s). Rejected, new requests go back to the replica;
+  promoted, the idle replica stops and its successor, running the config, starts on its GPU
+  while the canary serves on, and takes new requests once ready. Either way the canary then
+  finishes what it holds and stops. With one replica and no spare GPU a trial is an `apply`.
 - Every request is kept: `records(end_s)` returns them all for the serving metrics, those not
   finished by `end_s` as failed.
 """
@@ -242,10 +243,11 @@ class EmulatedDeployment:
     def _full_load_trial(self, config: SpecConfig) -> None:
         """Beside the only replica (`runtime/full_load_trial.py`): the canary warms up at the
         balancer's share, then takes every new request for `full_load_window_s`, read every
-        `PROBE_S` and stopped once it holds more in flight than the replica did; whatever the
-        verdict, new requests go back to the replica, the canary finishes the ones it holds
-        and stops (its GPU is the spare a promotion's surge needs), and a promotion rolls the
-        replica out."""
+        `PROBE_S` and stopped once a request stays longer on it than on the replica. Rejected,
+        new requests go back to the replica; promoted, the idle replica is replaced on its
+        own GPU by one running `config` while the canary serves on, and new requests go to
+        that one once it is ready. Either way the canary then finishes what it holds and
+        stops."""
         started, (replica,) = self.now, list(self._replicas)
         reference = self._last
         canary = self._start_beside(config)
@@ -267,12 +269,20 @@ class EmulatedDeployment:
         self._trial = self._observation(
             measured, self.now - window_start, [(canary, self._replicas[canary])]
         )
-        self._canary, self._canary_window, self._route_only = None, None, replica
+        self._canary, self._canary_window = None, None
         self.canaries += 1
         if trial is None:
             why_not = "no window of the replica's to compare with"
         elif why_not is None:
             why_not = trial.verdict(self._trial)
+        if why_not is None:
+            # promoted: the idle replica stops and its successor starts on that GPU while
+            # the canary goes on serving all of the load
+            self._stop_replica(replica)
+            self.config, self.restarts = config, self.restarts + 1
+            replica = self._start_replica(config, ready_at=self.now + self.start_time_s)
+            self.run_until(self._replicas[replica].ready_at)
+        self._route_only = replica
         while self._replicas[canary].outstanding():  # it finishes what it holds
             self.run_until(self.now + PROBE_S)
         self._route_only = None
@@ -280,7 +290,6 @@ class EmulatedDeployment:
         self.rollout_s += self.now - started
         if why_not is not None:
             raise CanaryRejected(f"canary {config.describe()} rejected: {why_not}")
-        self.apply(config)
 
     def _canary_verdict(
         self,

@@ -248,16 +248,30 @@ def test_beside_one_replica_a_trial_takes_all_of_the_load_and_a_rejection_stops_
     assert d.now - started < 60.0 + d.canary_warmup_s + d.full_load_window_s
 
 
-def test_beside_one_replica_a_promoted_canary_stops_before_the_replica_rolls() -> None:
+def test_beside_one_replica_a_promoted_canary_serves_on_while_the_replica_is_replaced(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     d = deployment(replicas=1, rollout="surge", arrivals=steady(8.0, 900.0))
     d.observe(60.0)
+    sent: list[tuple[float, SpecConfig]] = []
+    add_request = EngineCore.add_request
+
+    def recording(core: EngineCore, request: Request) -> None:
+        sent.append((d.now, core.config))
+        add_request(core, request)
+
+    monkeypatch.setattr(EngineCore, "add_request", recording)
     started = d.now
     d.apply_trial(EAGLE3)
     assert d.config == EAGLE3 and d.restarts == 1 and d.canaries == 1
     # the canary (replica 1) is gone; replica 2 runs the config, started after the verdict:
-    # a canary start, warm-up and the whole window at all of the load, then the surge's start
+    # a canary start, warm-up and the whole window at all of the load, then its own start
     assert sorted(d._replicas) == [2] and d._replicas[2].core.config == EAGLE3
-    assert d.now - started >= 2 * 60.0 + d.canary_warmup_s + d.full_load_window_s
+    verdict = started + 60.0 + d.canary_warmup_s + d.full_load_window_s
+    assert d.now >= verdict + 60.0
+    # from the full load on, no request went back to no speculation: the canary held it all
+    # while the replica was replaced on its GPU
+    assert not [t for t, config in sent if t > verdict - d.full_load_window_s and config != EAGLE3]
     served = d.trial_observation()
     assert served is not None and served.requests_per_s == pytest.approx(8.0, rel=0.05)
 

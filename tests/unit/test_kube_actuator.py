@@ -821,19 +821,21 @@ def beside_one_replica(
     return act, cluster, metrics
 
 
-def test_beside_one_replica_a_trial_takes_all_of_the_load_and_its_promotion_rolls_the_replica() -> (
+def test_beside_one_replica_a_trial_takes_all_of_the_load_and_serves_while_the_replica_rolls() -> (
     None
 ):
     act, cluster, metrics = beside_one_replica(lambda probe: (20.0, 10.0))  # 2 s each
     assert act.canary_share() == pytest.approx(1 / 2)
     act.apply_trial(EAGLE)
-    # all of the load to the canary for the whole window, then back to the replica while the
-    # canary finishes; its GPU is the spare the replica's surge pod needs: gone before the
-    # replica rolls, and the Service given both roles again once it is
+    # all of the load to the canary for the whole window; promoted, it serves on while the
+    # idle replica is replaced on its own GPU (scaled to 0, patched, scaled back and
+    # followed to Ready); then new requests to the replica, the canary finishes and goes,
+    # and the Service has both roles again
     assert cluster.writes == [
-        "create llm-canary", "route llm to canary", "route llm to main", "delete llm-canary",
-        "route llm to both", "patch llm",
+        "create llm-canary", "route llm to canary", "scale llm 0 held 1", "patch llm",
+        "scale llm 1", "route llm to main", "delete llm-canary", "route llm to both",
     ]  # fmt: skip
+    assert cluster.deployments["llm"]["spec"]["replicas"] == 1
     assert metrics.probes * 5.0 == pytest.approx(act.full_load_window_s)
     assert act.config == EAGLE and cluster.services["llm"] == {"app": "llm"}
     assert (
@@ -870,7 +872,8 @@ def test_a_service_an_operator_left_on_the_canary_gets_both_roles_back_with_the_
     cluster.deployments["llm-canary"] = deployment(EAGLE, replicas=1, role="canary")
     cluster.services["llm"] = {"app": "llm", "role": "canary"}
     act.apply(SpecConfig())
-    assert cluster.writes == ["delete llm-canary", "route llm to both"]
+    # new requests to the replica, the canary drained and deleted, both roles again
+    assert cluster.writes == ["route llm to main", "delete llm-canary", "route llm to both"]
 
 
 def test_a_refused_move_is_explained_by_its_reason_and_the_refusal() -> None:
