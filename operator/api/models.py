@@ -287,17 +287,17 @@ class Tuning(ApiModel):
     runs, on the spare GPU first when maxSurge is above 0); beside a single replica it runs on
     the spare GPU at all of the load (the Service routed to it, the replica idle and warm as
     the way back, stopped as soon as it congests, promoted only if requests stay 10% less
-    long) and is deleted before a promotion rolls the replica; where an autoscaler owns the
-    count it runs beside the main pods."""
+    long, then serving on while the replica is replaced); where an autoscaler owns the count
+    it runs beside the main pods."""
     explore: bool = False
     """With at least 2 replicas, or 1 and maxSurge above 0, let the tuner try a candidate it has
     not measured, or is unsure of, as a trial on a 1-replica canary (taking 1/N of the traffic;
     beside a single replica, all of it, with the replica as the way back), when the trial's
     expected improvement outweighs its expected loss. Off by default: in the bench's 4-replica
     ablations (bench/results/ablations.md) trials paid for themselves in no world and cost in
-    some; beside one replica they paid where a trial moved it in 9 of 13 Poisson cells and
-    cost in 2, and most other gains there were the spare GPU's capacity while a rejected
-    canary served, not what the trials taught."""
+    some; beside one replica they paid where a trial moved it in 12 of 13 Poisson cells and 3
+    of 4 Azure worlds (cost 4% in one), and most other gains there were the spare GPU's
+    capacity while a rejected canary served, not what the trials taught."""
     max_surge: int = Field(default=1, ge=0, le=1024)
     """Extra pods a switch may start before old ones stop (the Deployment's rolling update). 1
     keeps full capacity during a switch but needs a spare GPU; with no spare GPU, set 0 and

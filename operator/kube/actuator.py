@@ -23,10 +23,12 @@ Contract (operator/loop.py `Actuator`, plus what rollouts need):
   (main scaled to 0, its count held in `CANARY_SLOT_ANNOTATION`, patched, given back); then,
   promoted or not, the Service is routed to the main pods, the canary finishes what it holds
   and is deleted, and the Service gets both roles back (`_delete_canary`, which also
-  restores a Service an operator killed mid-trial left on one role). Where the
-  SpecDeployment sets the replica count
-  (`canary_in_place`), the canary takes one main replica's place, so a trial never serves on
-  more GPUs than the config it is compared with: the main Deployment is scaled to N-1 (its
+  restores a Service an operator killed mid-trial left on one role). The Service routes
+  connections, not requests: a client holding keep-alive connections to the main pod keeps
+  sending on them until they close, so "all of the load" is all the new connections'.
+  Where the SpecDeployment sets the replica count (`canary_in_place`), the canary takes one
+  main replica's place, so a trial never serves on more GPUs than the config it is compared
+  with: the main Deployment is scaled to N-1 (its
   count kept in `CANARY_SLOT_ANNOTATION`) once the canary is Ready with a spare GPU
   (`spare_replica`: maxSurge above 0), or before the canary starts without one; where an
   autoscaler owns the count the canary runs beside the main pods. Once Ready and warmed up
