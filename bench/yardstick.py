@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from specpilot.operator.app.bench.command import head_commit
-from specpilot.operator.app.bench.policies import HINDSIGHT
+from specpilot.operator.app.bench.policies import HINDSIGHT, SPECPILOT
 from specpilot.operator.app.bench.report import against_fixed, markdown, settled_against_static
 from specpilot.operator.app.cli import main as specpilot
 
@@ -110,10 +110,11 @@ def against_fixed_lines(traffics: Sequence[Mapping[str, Any]]) -> list[str]:
         "ratio to the best of them in each world (min / median / max). The room to win: the "
         f"worlds where hindsight is more than {1 - ROOM:.0%} below all of them, and its median "
         "ratio; where it is not, one static config serves the world as well as free switches "
-        "do.\n",
+        "do. Last, SpecPilot's count among the worlds with room.\n",
         "| traffic | worlds below every fixed policy | ratio to the best fixed: min | median "
-        f"| max | room: hindsight below by more than {1 - ROOM:.0%} | hindsight's ratio: median |",
-        "|---|---|---|---|---|---|---|",
+        f"| max | room: hindsight below by more than {1 - ROOM:.0%} | hindsight's ratio: median "
+        "| below every fixed where there was room |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     rows = [(t["name"], [w["policies"] for w in t["worlds"]]) for t in traffics]
     if len(traffics) > 1:
@@ -132,13 +133,26 @@ def against_fixed_lines(traffics: Sequence[Mapping[str, Any]]) -> list[str]:
             f"| {label} | {found['below_every_fixed']} of {found['worlds']} | "
             f"{ratio['min']:.3f} | {ratio['median']:.3f} | {ratio['max']:.3f} | "
             + (
-                "- | - |"
+                "- | - | - |"
                 if room is None
                 else f"{room['below_every_fixed']} of {room['worlds']} | "
-                f"{room['ratio_to_best_fixed']['median']:.3f} |"
+                f"{room['ratio_to_best_fixed']['median']:.3f} | "
+                "{} of {} |".format(*wins_where_room(worlds))
             )
         )
     return lines
+
+
+def wins_where_room(worlds: Sequence[Mapping[str, Any]]) -> tuple[int, int]:
+    """Of the worlds with room to win (hindsight's ratio to the best fixed policy under
+    `ROOM`), how many SpecPilot is below every fixed policy in, and how many there are."""
+
+    def under(world: Mapping[str, Any], policy: str, below: float) -> bool:
+        found = against_fixed([world], policy, below=below)
+        return found is not None and found["below_every_fixed"] == 1
+
+    room = [w for w in worlds if under(w, HINDSIGHT, ROOM)]
+    return sum(under(w, SPECPILOT, 1.0) for w in room), len(room)
 
 
 def settled_lines(traffics: Sequence[Mapping[str, Any]]) -> list[str]:
