@@ -654,6 +654,24 @@ def test_the_yardstick_counts_worlds_below_every_fixed_policy_per_rate_and_poole
     assert not any(line.startswith("| all rates") for line in single)
 
 
+def test_the_yardstick_reads_a_settled_half_only_in_poisson_cells() -> None:
+    yardstick = _load("yardstick.py")
+    policies = {
+        "specpilot": {"windows": [{"requests": 10, "tpot_ms_mean": 9.0, "e2el_ms_mean": 900.0}]},
+        "no-spec": {"windows": [{"requests": 10, "tpot_ms_mean": 10.0, "e2el_ms_mean": 1e3}]},
+    }
+    cell = {
+        "name": "poisson-0.1",
+        "rate_fraction_of_capacity": 0.1,
+        "worlds": [{"policies": policies}],
+    }
+    rows = [line for line in yardstick.settled_lines([cell]) if line.startswith("| poisson")]
+    assert rows == ["| poisson-0.1 | 1 of 1 | 0.900 | 0.900 | 0.900 | 0.900 |"]
+    # a trace (its rate is None: the load moves) has no settled half
+    trace = {**cell, "name": "azure_conv_2023", "rate_fraction_of_capacity": None}
+    assert yardstick.settled_lines([trace]) == []
+
+
 def test_the_committed_yardstick_markdown_renders_from_its_json() -> None:
     yardstick = _load("yardstick.py")
     for name in yardstick.RUNS:
