@@ -143,18 +143,14 @@ def consecutive(windows: Sequence[WindowStats]) -> WindowStats:
         seen = [(w.gauges[key], w.window_s) for w in windows if key in w.gauges]
         weight = sum(t for _, t in seen)
         gauges[key] = sum(v * t for v, t in seen) / weight if weight else seen[0][0]
-    histograms: dict[str, dict[float, float]] = {}
-    for w in windows:
-        for key, buckets in w.histograms.items():
-            joined = histograms.setdefault(key, {})
-            for bound, value in buckets.items():
-                joined[bound] = joined.get(bound, 0.0) + value
     return WindowStats(
         pod=windows[0].pod,
         window_s=span,
         counters=added(lambda w: w.counters),
         gauges=gauges,
-        histograms=histograms,
+        histograms={
+            key: _merged_buckets(windows, key) for key in {k for w in windows for k in w.histograms}
+        },
         histogram_sums=added(lambda w: w.histogram_sums),
         histogram_counts=added(lambda w: w.histogram_counts),
         accepted_per_position=added(lambda w: w.accepted_per_position),

@@ -323,6 +323,13 @@ class KubeActuator:
             self.sleep(self.poll_s)
 
     def _try_canary(self, config: SpecConfig, judge: TrialJudge | None, replicas: int) -> None:
+        if replicas == 1 and self.last_observation is None:
+            # nothing to hold a trial at all of the load against: no canary is started
+            reason = (
+                f"canary {config.describe()} rejected: no window of the replica's to compare with"
+            )
+            self._notify("CanaryRejected", reason)
+            raise CanaryRejected(reason)
         desired = self.render(config, "canary")
         live = self._call(lambda: self.api.read_deployment(self.namespace, self.canary_name))
         in_place = self._in_place(replicas)
@@ -412,15 +419,10 @@ class KubeActuator:
         judged on its time in system against the main pods' last window. The Service stays
         on the canary: rejected, deleting it (`_delete_canary`) sends new requests back to
         the main pods first; promoted, it serves on while the main pod is replaced."""
-        reference = self.last_observation
-        if reference is None:
-            return CanaryResult(
-                config, None, None, False,
-                f"canary {config.describe()} rejected: no window of the replica's to compare "
-                "with",
-            )  # fmt: skip
+        assert self.last_observation is not None  # `_try_canary` starts none without it
         targets = self._targets(self._selector(canary))
-        trial, windows, why_not, elapsed = FullLoadTrial(reference), [], None, 0.0
+        trial = FullLoadTrial(self.last_observation)
+        windows, why_not, elapsed = [], None, 0.0
         self._route("canary")
         while why_not is None and elapsed < self.full_load_window_s:
             span = min(PROBE_S, self.full_load_window_s - elapsed)

@@ -248,14 +248,17 @@ class EmulatedDeployment:
         own GPU by one running `config` while the canary serves on, and new requests go to
         that one once it is ready. Either way the canary then finishes what it holds and
         stops."""
+        if self._last is None:
+            raise CanaryRejected(
+                f"canary {config.describe()} rejected: no window of the replica's to compare with"
+            )
         started, (replica,) = self.now, list(self._replicas)
-        reference = self._last
+        trial = FullLoadTrial(self._last)
         canary = self._start_beside(config)
         self._window, self._canary, self._canary_window = _WindowTotals(), canary, _WindowTotals()
         self.run_until(self.now + self.canary_warmup_s)
         measured = _WindowTotals()
         self._window, self._canary_window, self._route_only = _WindowTotals(), measured, canary
-        trial = FullLoadTrial(reference) if reference is not None else None
         why_not, window_start = None, self.now
         while why_not is None and self.now < window_start + self.full_load_window_s:
             before, probe_start = _probe_totals(measured, canary), self.now
@@ -265,15 +268,13 @@ class EmulatedDeployment:
                 self.now - probe_start,
                 [(canary, self._replicas[canary])],
             )
-            why_not = trial.overloaded(probe, self.now - window_start) if trial else None
+            why_not = trial.overloaded(probe, self.now - window_start)
         self._trial = self._observation(
             measured, self.now - window_start, [(canary, self._replicas[canary])]
         )
         self._canary, self._canary_window = None, None
         self.canaries += 1
-        if trial is None:
-            why_not = "no window of the replica's to compare with"
-        elif why_not is None:
+        if why_not is None:
             why_not = trial.verdict(self._trial)
         if why_not is None:
             # promoted: the idle replica stops and its successor starts on that GPU while

@@ -290,3 +290,10 @@ def test_a_canary_the_judge_turns_down_is_rejected_with_its_reason() -> None:
     # the judge saw the canary's own window, and the main replicas never left their config
     assert len(judged) == 1 and judged[0] is not None and judged[0] > 1.5
     assert d.config == SpecConfig() and d.restarts == 0 and d.canaries == 1
+
+
+def test_beside_one_replica_no_trial_starts_without_a_window_of_the_replica_to_compare() -> None:
+    d = deployment(replicas=1, rollout="surge", arrivals=steady(8.0, 900.0))
+    with pytest.raises(CanaryRejected, match="no window of the replica's"):
+        d.apply_trial(EAGLE3)
+    assert d.canaries == 0 and sorted(d._replicas) == [0] and d.now == 0.0

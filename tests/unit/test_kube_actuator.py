@@ -889,3 +889,12 @@ def test_a_refused_move_is_explained_by_its_reason_and_the_refusal() -> None:
     assert TickRecord(0.0, served, decision, applied=True).explanation == decision.reason
     back = TickRecord(0.0, served, decision, True, error="rolled back x", rolled_back=True)
     assert back.explanation == "rolled back x"
+
+
+def test_beside_one_replica_no_canary_starts_without_a_window_of_the_replica() -> None:
+    act, cluster, _ = beside_one_replica(lambda probe: (20.0, 10.0))
+    act.last_observation = None  # a fresh actuator: the tuner's window came from another
+    with pytest.raises(CanaryRejected, match="no window of the replica's"):
+        act.apply_trial(EAGLE)
+    # nothing was created or routed; the canary's delete (a no-op) gives nothing back
+    assert cluster.writes == [] and act.config == SpecConfig()
