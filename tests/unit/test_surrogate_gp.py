@@ -167,9 +167,10 @@ def test_the_fit_set_is_bounded_to_the_most_supported() -> None:
     assert all(p.weight <= least_kept for p in points if p not in chosen)
     fit = Surrogate(COST, dict(PRIORS), residuals=tuple(points)).residual_fit
     assert fit is not None and fit.points == FIT_POINTS
-    # The offset still averages every summary.
+    # The offset still averages every summary (at the share speculative summaries alone get).
     total = sum(p.weight for p in points)
-    assert fit.offset == pytest.approx(sum(p.mean * p.weight for p in points) / total)
+    mean = sum(p.mean * p.weight for p in points) / total
+    assert fit.offset == pytest.approx(residual_gp.SPECULATIVE_ONLY_SHARE * mean)
 
 
 def test_a_tick_without_new_residuals_fits_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -242,17 +243,37 @@ def test_the_posterior_is_scikit_optimizes() -> None:
 
 
 def test_a_method_never_measured_is_unsure_of_its_level_whatever_the_gp_knows() -> None:
-    # one method measured at every load: the offset takes all it showed, and another method
-    # at the same loads is only as close to it as LEVEL_SD allows
-    points = [ResidualPoint(EAGLE[2], b, -0.3, 8.0) for b in range(0, 9)]
+    # no speculation measured at every load: the offset takes all it showed, and a method at
+    # the same loads is only as close to it as LEVEL_SD allows
+    points = [ResidualPoint(PLAIN, b, -0.3, 8.0) for b in range(0, 9)]
     fit = fit_residuals(points)
     assert fit is not None
-    (measured, never), (measured_sd, never_sd) = fit.predict([EAGLE[2], PLAIN], 24.0, 1024.0)
+    (measured, never), (measured_sd, never_sd) = fit.predict([PLAIN, EAGLE[2]], 24.0, 1024.0)
     assert measured == pytest.approx(-0.3, abs=0.01) and never == pytest.approx(-0.3, abs=0.01)
     assert never_sd >= residual_gp.LEVEL_SD
     assert measured_sd < 0.5 * never_sd
     assert level_variance(0.0) == pytest.approx(residual_gp.LEVEL_SD**2)
     assert level_variance(1.0) < level_variance(0.0) / 4
+
+
+def test_what_speculation_alone_measured_is_read_on_no_speculation_only_in_part() -> None:
+    # EAGLE-3 measured 30% slow at every load: the hardware, or its drafter and verification?
+    # No speculation shares only the first, so it is read at the common error's posterior
+    # share; EAGLE-3 itself stays read as slow as it ran.
+    slow = math.log(0.7)
+    points = [ResidualPoint(EAGLE[1], b, slow, 8.0) for b in range(0, 9)]
+    fit = fit_residuals(points)
+    assert fit is not None
+    assert 0.0 < residual_gp.SPECULATIVE_ONLY_SHARE < 1.0
+    assert fit.offset == pytest.approx(residual_gp.SPECULATIVE_ONLY_SHARE * slow)
+    (eagle, plain), _ = fit.predict([EAGLE[1], PLAIN], 24.0, 1024.0)
+    assert eagle == pytest.approx(slow, abs=0.02)
+    assert plain == pytest.approx(residual_gp.SPECULATIVE_ONLY_SHARE * slow, abs=0.02)
+    # Once no speculation has run, it says what the hardware is: the offset takes all again.
+    measured = fit_residuals([*points, ResidualPoint(PLAIN, 5, slow, 8.0)])
+    assert measured is not None and measured.offset == pytest.approx(slow)
+    (plain_measured,), _ = measured.predict([PLAIN], 24.0, 1024.0)
+    assert plain_measured == pytest.approx(slow, abs=0.02)
 
 
 def test_context_is_a_feature_once_the_summaries_record_it() -> None:

@@ -1,9 +1,10 @@
 """The surrogate's learned correction: a GP over the residual summaries, fitted by likelihood.
 
 Contract: `fit_residuals(points)` returns None for no points, else a `ResidualFit`: the shared
-offset (the support-weighted mean residual: how far the hardware model is off for every config
-at once), each method's level (how far its own summaries sit from the offset, shrunk toward
-none by how little support they have), and, on what those leave, a scikit-optimize GP over
+offset (`hardware_offset`: the support-weighted mean residual, how far the hardware model is off
+for every config at once; a share of it while only speculative configs were measured), each
+method's level (how far its own summaries sit from the offset, shrunk toward none by how little
+support they have), and, on what those leave, a scikit-optimize GP over
 (method, K, log batch, scheduled, log context). The level is the GP's mean for the method: far
 from the batches it was measured at, a method's correction reverts to its own level, not to the
 shared offset (a drafter measured 25% slow at batch 50 is still read slow at batch 256, where a
@@ -14,10 +15,12 @@ within bounds that keep a few dozen noisy summaries from fitting nonsense.
 `ResidualFit.predict(configs, batch, context)` returns the correction's mean (offset and
 level included) and std in log throughput: the latent function's std (a config's true speed,
 not one window's) with the level's posterior std added in quadrature. A method never measured
-is LEVEL_SD unsure of its level however much the GP knows at that load: with one method
-measured the offset takes all it showed, and the data cannot tell a slow world from a slow
-drafter. Read as sure as the running config's own summaries, a drafter never run was also
-seldom worth a canary.
+is LEVEL_SD unsure of its level however much the GP knows at that load: the data cannot tell a
+slow world from a slow drafter. Read as sure as the running config's own summaries, a drafter
+never run was also seldom worth a canary. For the same reason the offset takes only a share of
+what speculative configs alone measured (`hardware_offset`): no speculation has no drafter and
+no verification path to be slow in, and reading it as slow as EAGLE-3 kept an overloaded
+EAGLE-3 running.
 
 Bounded: the GP sees the FIT_POINTS most supported summaries (the offset sees all). A
 summary's own noise shrinks with its support (WINDOW_NOISE / windows); the white noise is what
@@ -64,6 +67,19 @@ fit's cost on a degenerate set."""
 LEVEL_SD = 0.2
 """Prior std of a method's level around the shared offset (log units). With WINDOW_NOISE, one
 window of a method moves its level by 80% of what it measured, four windows by 94%."""
+HARDWARE_SD = 0.2
+"""Prior std of the hardware model's error common to every config (log units): as large as a
+method's own (LEVEL_SD); nothing says in advance which of the two is the larger."""
+SPECULATIVE_ONLY_SHARE = HARDWARE_SD**2 / (HARDWARE_SD**2 + LEVEL_SD**2)
+"""The share of what speculative configs measured that the offset takes while no summary is
+of no speculation: the common error's posterior mean under the two priors (the summaries' own
+noise aside). A speculative config's slowness may be the hardware's, or its own path's (a slow
+drafter, a costly verification); no speculation shares only the first. Started on EAGLE-3 K=3
+in world 2 of the Poisson sweep at 0.9 (`specpilot bench ... --poisson 0.9:0.9:1 --world-seed 2
+--initial 'static:eagle3 K=3'`), the whole offset read no speculation's capacity 0.5% above
+EAGLE-3's (3086 vs 3072 tok/s): it kept EAGLE-3 under a growing queue for the whole trace, 92 s
+mean E2E against static no speculation's 38 s. At half, no speculation read 3776 tok/s, and
+then served 3700-3890."""
 _LEVEL_SHRINK = WINDOW_NOISE / LEVEL_SD**2
 """Windows of prior weight a method's level starts with (the LEVEL_SD prior, in windows)."""
 RESIDUAL_QUANTUM = 0.025
@@ -190,6 +206,16 @@ def shared_offset(points: Sequence[ResidualPoint]) -> float:
     return math.fsum(p.mean * p.weight for p in points) / total if total > 0 else 0.0
 
 
+def hardware_offset(points: Sequence[ResidualPoint]) -> float:
+    """The offset every config is corrected by: the support-weighted mean residual once no
+    speculation has a summary, and SPECULATIVE_ONLY_SHARE of it while only speculative configs
+    have."""
+    mean = shared_offset(points)
+    if any(not p.config.speculative for p in points):
+        return mean
+    return SPECULATIVE_ONLY_SHARE * mean
+
+
 def method_support(points: Sequence[ResidualPoint]) -> dict[str, float]:
     """Each method's windows of support over all its summaries."""
     support: dict[str, float] = {}
@@ -200,8 +226,7 @@ def method_support(points: Sequence[ResidualPoint]) -> dict[str, float]:
 
 def level_variance(support: float) -> float:
     """Posterior variance of a method's level after `support` windows: LEVEL_SD^2 for a method
-    never measured. With one method measured, the offset takes all it showed; how far another
-    method sits from it is then only what the prior allows."""
+    never measured: how far it sits from the offset is then only what the prior allows."""
     return LEVEL_SD**2 * _LEVEL_SHRINK / (max(support, 0.0) + _LEVEL_SHRINK)
 
 
@@ -221,7 +246,7 @@ def method_levels(points: Sequence[ResidualPoint], offset: float) -> dict[str, f
 def fit_residuals(points: Sequence[ResidualPoint]) -> ResidualFit | None:
     if not points:
         return None
-    offset = shared_offset(points)
+    offset = hardware_offset(points)
     levels = method_levels(points, offset)
     chosen = bounded(points)
     log2_context = _reference_context(chosen)
