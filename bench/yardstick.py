@@ -6,8 +6,9 @@ Each run is one `specpilot bench` command (recorded in its JSON with the commit,
 time); the Markdown beside it is the summary table (medians over worlds, or over a sweep's
 (rate, world) cells) and SpecPilot against every fixed policy world by world, beside the
 room there was to win (`render`; `--render-only` rewrites it from the JSON without running).
-`poisson-vllm-start-eagle3` is the Poisson sweep with SpecPilot started on EAGLE-3 K=3 (the
-SpecDeployment's default start) instead of the bench's speculation off.
+`poisson-vllm-start-eagle3` and `azure-vllm-surge-start-eagle3` start SpecPilot on EAGLE-3 K=3
+(the SpecDeployment's default start: its first candidate at K=3) instead of the bench's
+speculation off.
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ RUNS: dict[str, list[str]] = {
     ],
     "azure-vllm-4x-surge": [
         "--trace", AZURE, "--peak-load", "1.2", *VLLM, "--replicas", "4", "--rollout", "surge",
+    ],
+    "azure-vllm-surge-start-eagle3": [
+        "--trace", AZURE, "--peak-load", "1.2", *VLLM, "--rollout", "surge",
+        "--initial", "static:eagle3 K=3",
     ],
     "poisson-vllm": ["--trace", AZURE, "--poisson", "0.1:1.3:7", *VLLM, "--rollout", "surge"],
     "poisson-vllm-start-eagle3": [
