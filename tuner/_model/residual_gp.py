@@ -3,12 +3,13 @@
 Contract: `fit_residuals(points)` returns None for no points, else a `ResidualFit`: the shared
 offset (`hardware_offset`: the support-weighted mean residual, how far the hardware model is off
 for every config at once; a share of it while only speculative configs were measured), each
-method's level (how far its own summaries sit from the offset, shrunk toward none by how little
-support they have), and, on what those leave, a scikit-optimize GP over
-(method, K, log batch, scheduled, log context). The level is the GP's mean for the method: far
-from the batches it was measured at, a method's correction reverts to its own level, not to the
-shared offset (a drafter measured 25% slow at batch 50 is still read slow at batch 256, where a
-backlog would drive it; with the offset alone as the mean, it was read near the prior there).
+measured method's level (how far its own summaries sit from that mean, shrunk toward none by how
+little support they have, plus what the offset left out of the mean), and, on what those leave,
+a scikit-optimize GP over (method, K, log batch, scheduled, log context). The level is the GP's
+mean for the method: far from the batches it was measured at, a method's correction reverts to
+its own level, not to the shared offset (a drafter measured 25% slow at batch 50 is still read
+slow at batch 256, where a backlog would drive it; with the offset alone as the mean, it was
+read near the prior there).
 Its kernel is amplitude x Matern(5/2) + white noise; all three hyperparameters are fitted by
 maximising the marginal likelihood (L-BFGS from the initial values and one seeded restart),
 within bounds that keep a few dozen noisy summaries from fitting nonsense.
@@ -78,7 +79,7 @@ drafter, a costly verification); no speculation shares only the first. Started o
 in world 2 of the Poisson sweep at 0.9 (`specpilot bench ... --poisson 0.9:0.9:1 --world-seed 2
 --initial 'static:eagle3 K=3'`), the whole offset read no speculation's capacity 0.5% above
 EAGLE-3's (3086 vs 3072 tok/s): it kept EAGLE-3 under a growing queue for the whole trace, 92 s
-mean E2E against static no speculation's 38 s. At half, no speculation read 3776 tok/s, and
+mean E2E against static no speculation's 38 s. At half, no speculation read 3829 tok/s, and
 then served 3700-3890."""
 _LEVEL_SHRINK = WINDOW_NOISE / LEVEL_SD**2
 """Windows of prior weight a method's level starts with (the LEVEL_SD prior, in windows)."""
@@ -207,9 +208,9 @@ def shared_offset(points: Sequence[ResidualPoint]) -> float:
 
 
 def hardware_offset(points: Sequence[ResidualPoint]) -> float:
-    """The offset every config is corrected by: the support-weighted mean residual once no
-    speculation has a summary, and SPECULATIVE_ONLY_SHARE of it while only speculative configs
-    have."""
+    """The offset a method with no summary is corrected by: the support-weighted mean residual
+    once no speculation has a summary, and SPECULATIVE_ONLY_SHARE of it while only speculative
+    configs have (a measured method's level carries the rest: `fit_residuals`)."""
     mean = shared_offset(points)
     if any(not p.config.speculative for p in points):
         return mean
@@ -247,7 +248,10 @@ def fit_residuals(points: Sequence[ResidualPoint]) -> ResidualFit | None:
     if not points:
         return None
     offset = hardware_offset(points)
-    levels = method_levels(points, offset)
+    # A measured method's level is taken above the whole mean and carries the part of it the
+    # offset left out: what it ran is read as it ran; only what did not run sees the split.
+    mean = shared_offset(points)
+    levels = {m: level + mean - offset for m, level in method_levels(points, mean).items()}
     chosen = bounded(points)
     log2_context = _reference_context(chosen)
     # Sorted: the state reorders summaries as it updates them, which changes no fit.
