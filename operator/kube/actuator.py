@@ -383,15 +383,26 @@ class KubeActuator:
         of the load left it routed to one (this operator's, or one killed mid-trial: a
         Service left on the canary's pods would have none once they go). A canary that has
         all of the load first sends new requests to the main pods and finishes what it
-        holds."""
+        holds, once the main pods are Ready: after an operator killed mid-promotion the main
+        Deployment is only now given its pod back, and a Service routed to a pod still
+        starting answers every new request with an error until it is."""
         live = self._call(lambda: self.api.service_selector(self.namespace, self._service))
         canary = self._service_selector("canary")
         if live == canary:  # it has all of the load: new requests to the replica first
+            self._follow_main()
             self._route("main")
             self._drain(self._targets(canary))
         self._call(lambda: self.api.delete_deployment(self.namespace, self.canary_name))
         if live is not None and live != self._service_selector("both"):
             self._route("both")
+
+    def _follow_main(self) -> None:
+        """Wait for the main Deployment's pods to be Ready, running what its template runs."""
+        live = self._call(lambda: self.api.read_deployment(self.namespace, self.name))
+        if live is None:
+            return
+        running = _live_config(live) or self._running()
+        self._follow(self.name, self.render(running, "main"), running)
 
     @property
     def _service(self) -> str:

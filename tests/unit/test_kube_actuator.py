@@ -876,6 +876,47 @@ def test_a_service_an_operator_left_on_the_canary_gets_both_roles_back_with_the_
     assert cluster.writes == ["route llm to main", "delete llm-canary", "route llm to both"]
 
 
+def test_an_operator_killed_mid_promotion_routes_to_the_replica_once_it_is_ready() -> None:
+    act, cluster, _ = beside_one_replica(lambda probe: (20.0, 10.0))
+    # killed mid-promotion: the canary has all of the load, the main Deployment is scaled to
+    # 0 with its count held for the GPU the canary's successor needs
+    cluster.deployments["llm-canary"] = deployment(EAGLE, replicas=1, role="canary")
+    cluster.services["llm"] = {"app": "llm", "role": "canary"}
+    main = cluster.deployments["llm"]
+    main["spec"]["replicas"] = 0
+    main["metadata"].setdefault("annotations", {})[CANARY_SLOT_ANNOTATION] = "1"
+    starting = {"reads": 0, "ready": False}
+
+    def slow_start(c: FakeCluster) -> None:
+        """The main pod, once scaled back, is Ready from its fourth read on."""
+        settle(c)
+        if c.deployments["llm"]["spec"]["replicas"] == 0:
+            return
+        starting["reads"] += 1
+        starting["ready"] = starting["reads"] > 3
+        if not starting["ready"]:
+            c.deployments["llm"]["status"]["availableReplicas"] = 0
+            for p in c.pods:
+                if p["metadata"]["labels"]["role"] == "main":
+                    p["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
+
+    cluster.controller = slow_start
+    ready_when_routed: list[bool] = []
+    route = cluster.set_service_selector
+
+    def watched(namespace: str, name: str, selector: Mapping[str, str]) -> None:
+        if selector.get("role") == "main":
+            ready_when_routed.append(starting["ready"])
+        route(namespace, name, selector)
+
+    cluster.set_service_selector = watched  # type: ignore[method-assign]
+    act.apply(SpecConfig())
+    assert cluster.writes == [
+        "scale llm 1", "route llm to main", "delete llm-canary", "route llm to both",
+    ]  # fmt: skip
+    assert ready_when_routed == [True]
+
+
 def test_a_refused_move_is_explained_by_its_reason_and_the_refusal() -> None:
     decision = Decision(
         action="switch", config=NGRAM, reason="exploring: ngram K=3 " + "x" * 900,
