@@ -24,6 +24,7 @@ from specpilot.tuner import (
     learn_trial,
 )
 from specpilot.tuner._model.residual_gp import ResidualPoint
+from specpilot.tuner.policy import latency_proposal
 from specpilot.tuner.policy.latency import (
     OVERLOAD_PENALTY,
     QUEUE_GROWTH,
@@ -431,6 +432,33 @@ def test_a_speculative_config_measured_slow_under_a_queue_is_left_for_no_specula
     _, proposal, _ = propose_for_latency(belief, chosen.candidates, chosen, waiting=400.0)
     assert proposal is not None and proposal.config == NO_SPEC and proposal.for_capacity
     assert proposal.gain > chosen.saturation_tolerance, proposal
+
+
+def test_a_move_for_speed_to_no_speculation_that_never_ran_reads_it_one_sd_slower(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Started on EAGLE-3 K=3, which served 30% under its prior at batch 64: no speculation,
+    never run, is read slow by half of that and predicted faster per token, by less than its
+    spread. At the mean it would be left for; one sd slower it is not. A move for capacity is
+    not doubted (the test above)."""
+    eagle = SpecConfig(method="eagle3", num_speculative_tokens=3, draft_model="d")
+    residuals = (ResidualPoint(eagle, 6, math.log(0.7), 4.0),)
+    surrogate = Surrogate(COST, PRIORS, residuals=residuals, prefill_ratio=PREFILL_RATIO)
+    belief = Belief(
+        state=replace(TunerState.initial(eagle, 0.0, PRIORS), residuals=residuals),
+        batch=64.0,
+        throughput=surrogate.predict(eagle, 64.0, CONTEXT).tokens_per_s,
+        context=CONTEXT,
+        acceptance=PRIORS,
+        surrogate=surrogate,
+    )
+    chosen = replace(settings(), candidates=(NO_SPEC, eagle))
+    _, doubted, _ = propose_for_latency(belief, chosen.candidates, chosen, waiting=0.0)
+    assert doubted is None, doubted
+    monkeypatch.setattr(latency_proposal, "unproven_baseline", lambda score, *_: score)
+    _, at_the_mean, _ = propose_for_latency(belief, chosen.candidates, chosen, waiting=0.0)
+    assert at_the_mean is not None and at_the_mean.config == NO_SPEC
+    assert not at_the_mean.for_capacity and at_the_mean.gain > chosen.hysteresis
 
 
 def _belief_at(state: TunerState, batch: float) -> tuple[Belief, float]:
