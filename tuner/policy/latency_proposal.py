@@ -1,21 +1,22 @@
 """Propose under the latency objective: the config users wait least on, at the load ahead.
 
 Contract: `propose_for_latency(belief, space, settings, waiting)` reads the offered demand
-(output tokens/s served, plus the queue's share when requests wait), the demand ahead (the
-batch forecast read through the running config's curve; at max-num-seqs, beyond the running
-config's capacity; when the measured batch is far above the running config's steady batch,
-beyond what it serves: `behind`; never below the recent peak, `TunerState.demand_peak`), and
-scores every config of the space with `latency.latency_score`, a method the tuner left for
-capacity held to what it served then (`TunerState.capacity_exits`). On a canary, no trial is
-made under a queue (the running config overloaded, or requests waiting) or while the
-replicas a canary's start leaves could not carry the load ahead (`short_in_the_canary_start`).
-A move for capacity the running config lacks only at the forecast load, not at any load seen,
-is marked `on_forecast`. It returns the running config's prediction, a `Proposal`
-in the objective's units (tokens/s served, scaled by the per-token latency gain; see
-`latency.rate`) or None, and with None, why a config that would serve the demand faster per
-token was passed over (`passed_over`: its capacity short of the load ahead), or None. The proposal's
-`speed_gain` is the per-sequence speed gain at the window's batch, without the overload price:
-what the control loop checks after a switch, when the batch has not moved much. Pure.
+(output tokens/s served, plus the queue's share when requests wait), the demand ahead (the batch
+forecast read through the running config's curve; at max-num-seqs, beyond the running config's
+capacity; when the measured batch is far above the running config's steady batch, beyond what it
+serves: `behind`; never below the recent peak, `TunerState.demand_peak`), and scores every
+config of the space with `latency.latency_score`, a method the tuner left for capacity held to
+what it served then (`TunerState.capacity_exits`), no speculation that never ran read one sd
+slower per token for a move made for speed (`unproven_baseline`). On a canary, no trial is made
+under a queue (the running config overloaded, or requests waiting) or while the replicas a
+canary's start leaves could not carry the load ahead (`short_in_the_canary_start`). A move for
+capacity the running config lacks only at the forecast load, not at any load seen, is marked
+`on_forecast`. It returns the running config's prediction, a `Proposal` in the objective's units
+(tokens/s served, scaled by the per-token latency gain; see `latency.rate`) or None, and with
+None, why a config that would serve the demand faster per token was passed over (`passed_over`:
+its capacity short of the load ahead), or None. The proposal's `speed_gain` is the per-sequence
+speed gain at the window's batch, without the overload price: what the control loop checks after
+a switch, when the batch has not moved much. Pure.
 """
 
 from __future__ import annotations
