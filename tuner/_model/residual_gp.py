@@ -207,11 +207,11 @@ def shared_offset(points: Sequence[ResidualPoint]) -> float:
     return math.fsum(p.mean * p.weight for p in points) / total if total > 0 else 0.0
 
 
-def hardware_offset(points: Sequence[ResidualPoint]) -> float:
-    """The offset a method with no summary is corrected by: the support-weighted mean residual
-    once no speculation has a summary, and SPECULATIVE_ONLY_SHARE of it while only speculative
-    configs have (a measured method's level carries the rest: `fit_residuals`)."""
-    mean = shared_offset(points)
+def hardware_offset(points: Sequence[ResidualPoint], mean: float) -> float:
+    """The offset a method with no summary is corrected by: `mean` (the points' support-weighted
+    mean residual, `shared_offset`) once no speculation has a summary, and SPECULATIVE_ONLY_SHARE
+    of it while only speculative configs have (a measured method's level carries the rest:
+    `fit_residuals`)."""
     if any(not p.config.speculative for p in points):
         return mean
     return SPECULATIVE_ONLY_SHARE * mean
@@ -247,10 +247,10 @@ def method_levels(points: Sequence[ResidualPoint], offset: float) -> dict[str, f
 def fit_residuals(points: Sequence[ResidualPoint]) -> ResidualFit | None:
     if not points:
         return None
-    offset = hardware_offset(points)
+    mean = shared_offset(points)
+    offset = hardware_offset(points, mean)
     # A measured method's level is taken above the whole mean and carries the part of it the
     # offset left out: what it ran is read as it ran; only what did not run sees the split.
-    mean = shared_offset(points)
     levels = {m: level + mean - offset for m, level in method_levels(points, mean).items()}
     chosen = bounded(points)
     log2_context = _reference_context(chosen)
