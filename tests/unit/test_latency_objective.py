@@ -434,6 +434,43 @@ def test_a_speculative_config_measured_slow_under_a_queue_is_left_for_no_specula
     assert proposal.gain > chosen.saturation_tolerance, proposal
 
 
+def test_under_a_queue_no_speculation_that_never_ran_is_read_one_sd_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Started on EAGLE-3 K=3, never on no speculation, with a queue at max-num-seqs:
+    EAGLE-3 served 5% under its prior, and no speculation is predicted about as much capacity
+    at the mean (within its spread). Read at the mean it stays; read one sd up, as an
+    overload asks (a window on the baseline measures it, a window more on a config short of
+    the load grows the queue), it is left for."""
+    eagle = SpecConfig(method="eagle3", num_speculative_tokens=3, draft_model="d")
+    limit = 256.0
+    residuals = (ResidualPoint(eagle, 8, math.log(0.95), 4.0),)
+    surrogate = Surrogate(COST, PRIORS, residuals=residuals, prefill_ratio=1.0)
+    running, plain = surrogate.predict_many([eagle, NO_SPEC], limit, CONTEXT)
+    assert (
+        plain.tokens_per_s < running.tokens_per_s < plain.tokens_per_s * math.exp(plain.uncertainty)
+    )
+    belief = Belief(
+        state=replace(TunerState.initial(eagle, 0.0, PRIORS), residuals=residuals),
+        batch=limit,
+        throughput=running.tokens_per_s,
+        context=CONTEXT,
+        acceptance=PRIORS,
+        surrogate=surrogate,
+    )
+    chosen = replace(settings(), candidates=(NO_SPEC, eagle))
+    _, proposal, _ = propose_for_latency(belief, chosen.candidates, chosen, waiting=400.0)
+    assert proposal is not None and proposal.config == NO_SPEC and proposal.for_capacity
+    at_the_mean = latency_proposal.capacity_caution
+
+    def mean_for_the_baseline(config: SpecConfig, *args: object) -> float:
+        return at_the_mean(config, *args) if config.speculative else 0.0  # type: ignore[arg-type]
+
+    monkeypatch.setattr(latency_proposal, "capacity_caution", mean_for_the_baseline)
+    _, stays, _ = propose_for_latency(belief, chosen.candidates, chosen, waiting=400.0)
+    assert stays is None, stays
+
+
 def test_a_move_for_speed_to_no_speculation_that_never_ran_reads_it_one_sd_slower(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

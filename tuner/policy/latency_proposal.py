@@ -6,8 +6,9 @@ forecast read through the running config's curve; at max-num-seqs, beyond the ru
 capacity; when the measured batch is far above the running config's steady batch, beyond what it
 serves: `behind`; never below the recent peak, `TunerState.demand_peak`), and scores every
 config of the space with `latency.latency_score`, a method the tuner left for capacity held to
-what it served then (`TunerState.capacity_exits`), no speculation that never ran read one sd
-slower per token for a move made for speed (`unproven_baseline`). On a canary, no trial is made
+what it served then (`TunerState.capacity_exits`), a config that never ran read with the doubt
+`capacity_caution` gives its capacity, no speculation that never ran read one sd slower per
+token for a move made for speed (`unproven_baseline`). On a canary, no trial is made
 under a queue (the running config overloaded, or requests waiting) or while the replicas a
 canary's start leaves could not carry the load ahead (`short_in_the_canary_start`). A move for
 capacity the running config lacks only at the forecast load, not at any load seen, is marked
@@ -114,25 +115,25 @@ def propose_for_latency(
     # capacity at a batch the method never ran at is a guess, and re-entering on that guess at
     # the same load is how the policy flapped near capacity.
     ceilings = dict(state.capacity_exits)
+    running_score = latency_score(current, curves[current], demand, peak, 0.0, unit)
     # Hysteresis on capacity: a config is entered only with the margin to spare, and left only
     # once the load ahead overloads it; else a load near the margin flips it every dwell.
     scores = {
-        c: latency_score(
+        c: running_score
+        if c == current
+        else latency_score(
             c,
             curve,
             demand,
             peak,
-            0.0 if c == current else settings.entry_margin(),
+            settings.entry_margin(),
             unit,
-            caution_sd=settings.entry_caution_sd
-            if c != current and c not in ran and c.speculative
-            else 0.0,
-            ceiling=None if c == current else ceilings.get(c.method),
+            caution_sd=capacity_caution(c, ran, running_score, settings),
+            ceiling=ceilings.get(c.method),
         )
         for c, curve in curves.items()
     }
     candidates = _within_slo(scores, settings)
-    running_score = scores[current]
     reference = running_score.latency_s
     at_batch = dict(zip(configs, surrogate.predict_many(configs, batch, context), strict=True))
     now = at_batch[current]
@@ -253,6 +254,26 @@ def passed_over(
         f"{sure:.0f} tok/s ({read}), is short of the {max(demand, peak) * (1 + margin):.0f} "
         f"the load ahead needs ({max(demand, peak):.0f} with a {margin:.0%} margin)"
     )
+
+
+def capacity_caution(
+    config: SpecConfig, ran: set[SpecConfig], running: LatencyScore, settings: TunerSettings
+) -> float:
+    """How many sds down a config other than the running one has its capacity read: a
+    speculative config that never ran, `TunerSettings.entry_caution_sd` (its capacity is the
+    prior's guess for a drafter and a verify path); no speculation that never ran, one sd up
+    while the running config is overloaded. Before it runs, the baseline's correction is half
+    of what the speculative configs measured (`residual_gp.hardware_offset`), and where the
+    speculative path is the slow part that half underrates it: started on EAGLE-3 in world 1
+    of Azure at peak 1.2, the tuner read no speculation's capacity at 3078 tok/s against
+    EAGLE-3's 3131 (it served 4270, EAGLE-3 3075-3860) and stayed two windows under a growing
+    queue. Under an overload every window on the wrong config adds to the queue, and one
+    window on the baseline measures it."""
+    if config in ran:
+        return 0.0
+    if config.speculative:
+        return settings.entry_caution_sd
+    return -1.0 if running.overloaded else 0.0
 
 
 def unproven_baseline(
