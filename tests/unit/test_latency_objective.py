@@ -490,8 +490,11 @@ def test_a_move_for_speed_to_no_speculation_that_never_ran_reads_it_one_sd_slowe
         surrogate=surrogate,
     )
     chosen = replace(settings(), candidates=(NO_SPEC, eagle))
-    _, doubted, _ = propose_for_latency(belief, chosen.candidates, chosen, waiting=0.0)
+    _, doubted, why = propose_for_latency(belief, chosen.candidates, chosen, waiting=0.0)
     assert doubted is None, doubted
+    # the stay says what was passed over and why, not "predicted best"
+    assert why is not None and why.startswith("no speculation would serve"), why
+    assert "never ran here, and read one sd slower" in why
     monkeypatch.setattr(latency_proposal, "unproven_baseline", lambda score, *_: score)
     _, at_the_mean, _ = propose_for_latency(belief, chosen.candidates, chosen, waiting=0.0)
     assert at_the_mean is not None and at_the_mean.config == NO_SPEC

@@ -86,7 +86,8 @@ def decide(
         at = f"at batch {batch:.1f} ({running.regime})"
         best = f"{current.describe()} is predicted best {at}"
         if passed_over is not None:
-            # "predicted best" would hide that a faster config was ruled out on capacity
+            # "predicted best" would hide that a faster config was ruled out (on capacity, or
+            # read one sd slower for never having run)
             best = f"{current.describe()} stays {at}: {passed_over}"
         return _stay(current, best, running.regime, running), state
     held = gate(proposal, running, belief, settings, cost, now)

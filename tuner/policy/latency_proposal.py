@@ -15,7 +15,8 @@ capacity the running config lacks only at the forecast load, not at any load see
 `on_forecast`. It returns the running config's prediction, a `Proposal` in the objective's units
 (tokens/s served, scaled by the per-token latency gain; see `latency.rate`) or None, and with
 None, why a config that would serve the demand faster per token was passed over (`passed_over`:
-its capacity short of the load ahead), or None. The proposal's `speed_gain` is the per-sequence
+its capacity short of the load ahead; `doubted_over`: never run, and not faster read one sd
+slower), or None. The proposal's `speed_gain` is the per-sequence
 speed gain at the window's batch, without the overload price: what the control loop checks after
 a switch, when the batch has not moved much. Pure.
 """
@@ -196,7 +197,8 @@ def propose_for_latency(
             None,
         )
     if trial is None:
-        return running, None, passed_over(scores, curves, current, demand, peak, settings, ran)
+        why_not = passed_over(scores, curves, current, demand, peak, settings, ran)
+        return running, None, why_not or doubted_over(scores, read, current, demand, settings)
     config = trial[0]
     return (
         running,
@@ -274,6 +276,31 @@ def capacity_caution(
     if config.speculative:
         return settings.entry_caution_sd
     return -1.0 if running.overloaded else 0.0
+
+
+def doubted_over(
+    scores: dict[SpecConfig, LatencyScore],
+    read: dict[SpecConfig, LatencyScore],
+    current: SpecConfig,
+    demand: float,
+    settings: TunerSettings,
+) -> str | None:
+    """Why the running config stays although a config would serve today's demand faster per
+    token at the mean, by more than the hysteresis: read one sd slower, as a no speculation
+    that never ran is for a move made for speed (`unproven_baseline`), it is not faster. None
+    when no such config exists."""
+    running = scores[current]
+    for config, score in scores.items():
+        doubted = read.get(config, score)
+        if doubted is score or score.latency_s * (1.0 + settings.hysteresis) >= running.latency_s:
+            continue
+        return (
+            f"{config.describe()} would serve the {demand:.0f} tok/s offered at "
+            f"{score.tpot_s * 1e3:.1f} ms/token vs {running.tpot_s * 1e3:.1f} now at the mean, "
+            f"but it never ran here, and read one sd slower per token "
+            f"({doubted.latency_s * 1e3:.1f} ms/token) it is not faster"
+        )
+    return None
 
 
 def unproven_baseline(

@@ -34,7 +34,8 @@ def propose(
 ) -> tuple[Prediction, Proposal | None, str | None]:
     """`waiting`: the window's mean queued requests (the latency objective reads the demand
     the served rate hides from it). The third element, with no proposal, says why a config
-    predicted faster per token is not it (the latency objective's `passed_over`)."""
+    predicted faster per token is not it (the latency objective's `passed_over` or
+    `doubted_over`)."""
     state, surrogate, batch, context = belief.state, belief.surrogate, belief.batch, belief.context
     current = state.current
     space = _space(settings, belief.acceptance, cost, state.prefill_ratio, context)
