@@ -21,7 +21,7 @@ from specpilot.tuner._model.hardware import (
 )
 from specpilot.tuner._model.step_cost import StepCost
 from specpilot.tuner._model.surrogate import Surrogate
-from specpilot.tuner.observation import Observation
+from specpilot.tuner.observation import Observation, joined
 from specpilot.tuner.policy import (
     DEFAULT_MAX_BATCH,
     Decision,
@@ -76,6 +76,7 @@ __all__ = [
     "decide",
     "get_gpu",
     "get_profile",
+    "joined",
     "judge_trial",
     "learn_trial",
     "p_for_length",

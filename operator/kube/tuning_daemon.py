@@ -298,7 +298,7 @@ def _tick(
             loop = ControlLoop(
                 actuator=actuator, settings=settings_for(spec), cost=cost_for(spec),
                 state=state, window_s=window, goodput_tolerance=GOODPUT_TOLERANCE,
-                _failed=dict(failed),
+                probe_first_window=True, _failed=dict(failed),
             )  # fmt: skip
             _loops[key] = loop
         loop.actuator = _Announcing(actuator, announce)

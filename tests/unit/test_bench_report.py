@@ -63,6 +63,9 @@ def test_fast_mode_specpilot_is_the_control_loop_on_the_same_observations(pilot:
     assert len(set(pilot.configs_by_window)) >= 2  # type: ignore[attr-defined]  # it switched
     replay = Replay([obs for _, obs in ticks])
     loop = control_loop(SETUP, replay)
+    # a tick records the observation it decided on (its probe's, or the whole window joined
+    # from two): the replay hands that back whole
+    loop.probe_first_window = False
     configs = []
     for now, _ in ticks:
         loop.tick(now)

@@ -187,6 +187,7 @@ def control_loop(
         state=state,
         window_s=setup.window_s,
         goodput_tolerance=GOODPUT_TOLERANCE,
+        probe_first_window=True,
     )
 
 
