@@ -402,6 +402,25 @@ def test_a_move_for_capacity_off_speculation_trusts_the_baseline() -> None:
     assert baseline is not None and baseline.config == NO_SPEC and baseline.for_capacity
 
 
+def started_on(
+    config: SpecConfig,
+    residuals: tuple[ResidualPoint, ...],
+    surrogate: Surrogate,
+    batch: float,
+    throughput: float,
+) -> Belief:
+    """A deployment started on `config`, which measured `residuals` and serves `throughput`
+    at `batch`; nothing else has run."""
+    return Belief(
+        state=replace(TunerState.initial(config, 0.0, PRIORS), residuals=residuals),
+        batch=batch,
+        throughput=throughput,
+        context=CONTEXT,
+        acceptance=PRIORS,
+        surrogate=surrogate,
+    )
+
+
 def test_a_speculative_config_measured_slow_under_a_queue_is_left_for_no_speculation() -> None:
     """Started on EAGLE-3 K=3, never on no speculation, with a queue at max-num-seqs: the
     prior gives EAGLE-3 a little more capacity than no speculation, and EAGLE-3 served 25%
@@ -420,14 +439,7 @@ def test_a_speculative_config_measured_slow_under_a_queue_is_left_for_no_specula
     running, plain = surrogate.predict_many([eagle, NO_SPEC], limit, CONTEXT)
     assert running.tokens_per_s == pytest.approx(0.75 * running_prior.tokens_per_s, rel=0.03)
     assert plain.tokens_per_s > 1.05 * running.tokens_per_s
-    belief = Belief(
-        state=replace(TunerState.initial(eagle, 0.0, PRIORS), residuals=residuals),
-        batch=limit,
-        throughput=running.tokens_per_s,
-        context=CONTEXT,
-        acceptance=PRIORS,
-        surrogate=surrogate,
-    )
+    belief = started_on(eagle, residuals, surrogate, limit, running.tokens_per_s)
     chosen = replace(settings(), candidates=(NO_SPEC, eagle))
     _, proposal, _ = propose_for_latency(belief, chosen.candidates, chosen, waiting=400.0)
     assert proposal is not None and proposal.config == NO_SPEC and proposal.for_capacity
@@ -450,14 +462,7 @@ def test_under_a_queue_no_speculation_that_never_ran_is_read_one_sd_up(
     assert (
         plain.tokens_per_s < running.tokens_per_s < plain.tokens_per_s * math.exp(plain.uncertainty)
     )
-    belief = Belief(
-        state=replace(TunerState.initial(eagle, 0.0, PRIORS), residuals=residuals),
-        batch=limit,
-        throughput=running.tokens_per_s,
-        context=CONTEXT,
-        acceptance=PRIORS,
-        surrogate=surrogate,
-    )
+    belief = started_on(eagle, residuals, surrogate, limit, running.tokens_per_s)
     chosen = replace(settings(), candidates=(NO_SPEC, eagle))
     _, proposal, _ = propose_for_latency(belief, chosen.candidates, chosen, waiting=400.0)
     assert proposal is not None and proposal.config == NO_SPEC and proposal.for_capacity
@@ -481,13 +486,8 @@ def test_a_move_for_speed_to_no_speculation_that_never_ran_reads_it_one_sd_slowe
     eagle = SpecConfig(method="eagle3", num_speculative_tokens=3, draft_model="d")
     residuals = (ResidualPoint(eagle, 6, math.log(0.7), 4.0),)
     surrogate = Surrogate(COST, PRIORS, residuals=residuals, prefill_ratio=PREFILL_RATIO)
-    belief = Belief(
-        state=replace(TunerState.initial(eagle, 0.0, PRIORS), residuals=residuals),
-        batch=64.0,
-        throughput=surrogate.predict(eagle, 64.0, CONTEXT).tokens_per_s,
-        context=CONTEXT,
-        acceptance=PRIORS,
-        surrogate=surrogate,
+    belief = started_on(
+        eagle, residuals, surrogate, 64.0, surrogate.predict(eagle, 64.0, CONTEXT).tokens_per_s
     )
     chosen = replace(settings(), candidates=(NO_SPEC, eagle))
     _, doubted, why = propose_for_latency(belief, chosen.candidates, chosen, waiting=0.0)
