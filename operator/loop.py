@@ -58,8 +58,8 @@ MIN_PROBE_S = 20.0
 """A probe shorter than this is not made: a Prometheus rate over fewer than two 15 s scrapes
 (the common interval) reads nothing, and the engine is barely past its first requests."""
 QUEUE_AT_PROBE = 0.5
-"""Mean waiting requests at the probe above which the deployment's config is already short of
-its load: the tuner decides then instead of at the window's end."""
+"""Waiting requests at the probe above which the deployment's config may already be short of
+its load: the tuner is asked then whether to leave it for capacity."""
 
 
 class Actuator(Protocol):
@@ -139,7 +139,8 @@ class ControlLoop:
     """The goodput check only judges when the batch moved by at most this factor."""
     probe_first_window: bool = False
     """Look at a fresh deployment's first window early (`FIRST_PROBE_SHARE` of it, at least
-    `MIN_PROBE_S`) and decide then if requests already wait (`first_observation`)."""
+    `MIN_PROBE_S`) and leave the running config then for capacity if requests already wait
+    (`_early`)."""
     history: list[TickRecord] = field(default_factory=list)
     rolling_back: bool = False
     """True while the loop applies a rollback (an actuator wrapper may label it so)."""
@@ -193,7 +194,7 @@ class ControlLoop:
         decision, _ = decide(probe, self.state, self._tick_settings(now), self.cost, now)
         if decision.config == self.state.current or decision.speed_checked:
             return None  # nothing it learned is kept: the whole window is read
-        return self._decide_and_act(probe, now)
+        return self._decide_and_act(probe, now)  # decides the same again (decide is pure)
 
     def _tick_settings(self, now: float) -> TunerSettings:
         """The tuner's settings for this tick: configs backed off left out, trials priced at
