@@ -89,6 +89,35 @@ def test_auto_switches_persists_and_reconcile_agrees(api: ApiServer, rest: KubeR
     assert tune(rest, spd(api, "auto"), now=now + 1, make_actuator=factory(actuator)) is None
 
 
+class WindowsActuator(FakeActuator):
+    """Also records the window each observation was asked for."""
+
+    def __init__(self, observation: Observation) -> None:
+        super().__init__(observation)
+        self.windows: list[float] = []
+
+    def observe(self, window_s: float) -> Observation:
+        self.windows.append(window_s)
+        return replace(self.observation, window_s=window_s)
+
+
+def test_a_fresh_deployment_short_of_its_load_is_left_at_the_first_probe(
+    api: ApiServer, rest: KubeRest
+) -> None:
+    """With a 90 s interval (a 72 s window) the daemon's first tick looks after a third of the
+    window: requests wait and the tuner leaves the initial config for capacity then. Without
+    the queue it reads the whole window, in two parts."""
+    for name, waiting, windows in (("queued", 40.0, [24.0]), ("calm", 0.0, [24.0, 48.0])):
+        reconcile(rest, create(api, name, "auto", intervalSeconds=90))
+        actuator = WindowsActuator(replace(busy(), waiting_requests=waiting))
+        outcome = tune(rest, spd(api, name), now=later(), make_actuator=factory(actuator))
+        assert outcome is not None
+        assert actuator.windows == pytest.approx(windows), name
+        if waiting:
+            assert outcome.applied and outcome.action in ("switch", "off"), outcome.reason
+            assert "capacity short of the load ahead" in outcome.reason
+
+
 def test_recommend_only_writes_a_recommendation(api: ApiServer, rest: KubeRest) -> None:
     body = create(api, "reco", "recommend")
     reconcile(rest, body)
