@@ -272,7 +272,9 @@ class Tuning(ApiModel):
     the tokens/s of requests that meet the SLO (slo)."""
     slo: Slo | None = None
     interval_seconds: int = Field(default=30, ge=5, le=3600)
-    """Seconds between tuner ticks (one observation window each)."""
+    """Seconds between tuner ticks (one observation window each). From 75 s, a new
+    deployment's first window is also looked at after a third of it, and a config already
+    short of its load is left then."""
     min_dwell_seconds: int = Field(default=300, ge=0, le=86400)
     """Least seconds a configuration runs before another restart."""
     restart_budget_per_hour: int = Field(default=4, ge=0, le=60)
