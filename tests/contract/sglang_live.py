@@ -15,6 +15,7 @@ server alive: asking for another stops the current one.
 from __future__ import annotations
 
 import itertools
+import json
 import statistics
 import threading
 import time
@@ -184,20 +185,42 @@ def generate(
     max_new_tokens: int,
     temperature: float = 0.0,
     top_logprobs: int = 0,
+    stream: bool = False,
 ) -> dict[str, Any]:
     """SGLang's native /generate; its meta_info carries the per-request speculative counts,
     and with `top_logprobs` the likeliest tokens at each output position
-    (meta_info["output_top_logprobs"]: [logprob, token id, text] lists)."""
+    (meta_info["output_top_logprobs"]: [logprob, token id, text] lists). With `stream` the
+    answer comes as server-sent events and the last one (the finished request's) is returned.
+
+    Why streaming matters to a test of TPOT: SGLang 0.5.23 stamps a non-streamed request's
+    first token in the scheduler and puts it on the tokenizer's clock through the two
+    processes' time() - perf_counter() differences, the tokenizer's taken only when it started
+    (req_time_stats.py: __setstate__, calibrate_time_diff). A wall clock stepped or slewed since
+    then (NTP on a CI VM) moves the stamp; once it lands outside the request's life the
+    tokenizer drops it (_get_scheduler_first_token_time), the decode time reads 0 and no TPOT
+    is observed (CI at 43fe150 read none for 24 requests). A streamed request's first token is
+    stamped on the tokenizer's own clock, so its TPOT is observed whatever the wall clock did."""
     body: dict[str, Any] = {
         "text": prompt,
         "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": temperature},
+        "stream": stream,
     }
     if top_logprobs:
         body |= {"return_logprob": True, "top_logprobs_num": top_logprobs}
-    response = client.post(f"{url}/generate", json=body)
-    response.raise_for_status()
-    result: dict[str, Any] = response.json()
-    return result
+    if not stream:
+        response = client.post(f"{url}/generate", json=body)
+        response.raise_for_status()
+        result: dict[str, Any] = response.json()
+        return result
+    last: dict[str, Any] | None = None
+    with client.stream("POST", f"{url}/generate", json=body) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            payload = line.removeprefix("data:").strip()
+            if line.startswith("data:") and payload != "[DONE]":
+                last = json.loads(payload)
+    assert last is not None and last["meta_info"]["finish_reason"], "no finished event"
+    return last
 
 
 def run_concurrently(

@@ -124,8 +124,11 @@ def test_plain_server_serves_both_apis(plain: LiveServer) -> None:
 
 
 def test_plain_metrics_read_into_an_observation(plain: LiveServer) -> None:
+    # every other request streamed: SGLang labels its histograms is_streaming true/false, the
+    # reader merges both, and a streamed request's TPOT is observed whatever the host's wall
+    # clock did (generate() says why a non-streamed one's may not be)
     def work(client: httpx.Client, job: int) -> dict[str, Any]:
-        return generate(client, plain.url, PROMPTS[job % len(PROMPTS)], 48)
+        return generate(client, plain.url, PROMPTS[job % len(PROMPTS)], 48, stream=job % 2 == 0)
 
     with Scraper(plain.url) as scraper:
         results = run_concurrently(work, jobs=24, workers=8)
@@ -165,7 +168,13 @@ def test_plain_metrics_read_into_an_observation(plain: LiveServer) -> None:
     lower = bounds[bounds.index(upper) - 1]
     assert e2e_p50 is not None and lower <= e2e_p50 <= upper
     assert observation.ttft_p95_s is not None and observation.ttft_p95_s > 0
+    # TPOT: at least the streamed requests observed one, and the reader's median is the
+    # quantile of SGLang's own buckets over both label sets
+    streamed = len(results[::2])
+    assert delta("sglang:request_time_per_output_token_seconds_count") >= streamed
+    tpot_buckets = dict(_bucket_deltas(first, last, "sglang:request_time_per_output_token_seconds"))
     assert observation.tpot_p50_s is not None and observation.tpot_p50_s > 0
+    assert observation.tpot_p50_s == pytest.approx(histogram_quantile(0.5, tpot_buckets))
 
 
 # A window is as long as a number of requests take, not a number of seconds: then however slowly
@@ -359,9 +368,11 @@ def test_promql_reader_finds_sglang_as_prometheus_stores_it(
 def test_ngram_read_through_prometheus(ngram: LiveServer, prometheus: str) -> None:
     reader = PromQLReader(prometheus, pod_label="instance", selector='job="sglang"')
 
-    # one prompt: every gauge window sees the same traffic, only ~4 windows fit in the load
+    # one prompt: every gauge window sees the same traffic, only ~4 windows fit in the load;
+    # every other request streamed, so the window holds TPOTs whatever the host's wall clock
+    # did (generate() says why)
     def work(client: httpx.Client, job: int) -> dict[str, Any]:
-        return generate(client, ngram.url, PROMPTS[0], 96)
+        return generate(client, ngram.url, PROMPTS[0], 96, stream=job % 2 == 0)
 
     # The gauge's last 40 decode batches (held while idle, so read inside the window) must show
     # this traffic already: NGRAM's cache starts cold on a fresh server, and 8 warm-up requests
@@ -409,6 +420,7 @@ def test_ngram_read_through_prometheus(ngram: LiveServer, prometheus: str) -> No
         "generation_tokens": served("sglang:generation_tokens_total"),
         "e2e_s": served("sglang:e2e_request_latency_seconds_count"),
         "ttft": served("sglang:time_to_first_token_seconds_count"),
+        "tpot": served("sglang:request_time_per_output_token_seconds_count"),
     }
     print(f"\nSGLang between the window's edges: {direct}; stretch {stretch:.3f}")
     assert verifies <= direct["verify_calls"]
@@ -420,6 +432,7 @@ def test_ngram_read_through_prometheus(ngram: LiveServer, prometheus: str) -> No
     for key in ("e2e_s", "ttft"):
         assert len(results) <= direct[key], key
         assert len(results) <= stats.histogram_counts[key] <= direct[key] * stretch, key
+    assert len(results[::2]) <= direct["tpot"]
     assert observation.waiting_requests is not None and observation.waiting_requests >= 0
     assert observation.acceptance_length is not None
     # 4 concurrent users: windows mix requests at different points, as above
