@@ -84,3 +84,25 @@ def test_the_early_move_needs_headroom_or_is_for_capacity_to_the_baseline_never_
     moved = replace(fresh, restarts=(0.0,))
     assert not early_first_move(proposal(headroom=10.0), moved)
     assert not early_first_move(to_baseline, moved)
+
+
+def test_a_trial_that_must_wait_out_the_dwell_does_not_hold_back_the_first_move() -> None:
+    # exploring beside a canary, a fresh deployment on EAGLE-3 K=3 at batch 2 prefers a trial
+    # of K=5; a trial never moves before the dwell, the plain move to K=5 may (it holds twice
+    # the demand): the move is made, and its reason says the trial waits
+    eagle3_k3 = replace(EAGLE, num_speculative_tokens=3)
+    plain = replace(
+        settings("latency", windows=DWELL_WINDOWS, restart_s=5.0),
+        candidates=(NO_SPEC, eagle3_k3, EAGLE),
+    )
+    exploring = replace(plain, exploration=1.0, trial_share=0.5)
+    state = TunerState.initial(eagle3_k3, 0.0, PRIORS)
+    observed = window(eagle3_k3, 2.0)
+    moved, after = decide(observed, state, exploring, COST, 60.0)
+    assert moved.action == "switch" and moved.config == EAGLE and not moved.trial, moved.reason
+    assert "the trial it preferred waits: eagle3 K=5" in moved.reason
+    assert "dwell 60s < minimum" in moved.reason
+    # exactly the move the tuner makes without exploring
+    without, after_without = decide(observed, state, plain, COST, 60.0)
+    assert moved.reason.startswith(without.reason)
+    assert replace(moved, reason=without.reason) == without and after == after_without

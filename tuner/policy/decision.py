@@ -59,6 +59,7 @@ def decide(
     cost: StepCost,
     now: float,
 ) -> tuple[Decision, TunerState]:
+    entry = state
     belief = learn(observation, state, settings, cost, now)
     if isinstance(belief, str):
         return _stay(state.current, belief, regime="unknown"), state
@@ -91,6 +92,8 @@ def decide(
             best = f"{current.describe()} stays {at}: {passed_over}"
         return _stay(current, best, running.regime, running), state
     held = gate(proposal, running, belief, settings, cost, now)
+    if held is not None and proposal.trial and settings.exploration > 0.0:
+        return _without_the_trial(observation, entry, held, settings, cost, now)
     if held is not None:
         return _stay(current, held, running.regime, running), state
     target, predicted = proposal.config, proposal.prediction
@@ -131,6 +134,25 @@ def decide(
         speed_checked=not proposal.for_capacity,
         trial=proposal.trial or retest_on_canary,
     ), replace(state, current=target, since_s=now, restarts=restarts, forecast_shortfall=False)
+
+
+def _without_the_trial(
+    observation: Observation,
+    entry: TunerState,
+    held: str,
+    settings: TunerSettings,
+    cost: StepCost,
+    now: float,
+) -> tuple[Decision, TunerState]:
+    """A trial the gate holds does not hold back the move the tuner would make without
+    exploring: a trial is proposed over a move only when it is worth more, and one that cannot
+    run now is worth nothing now. A fresh deployment's first move may come before the minimum
+    dwell and a trial's may not (`gate.early_first_move`): started on EAGLE-3 K=3 at 0.1 of
+    capacity, world 1, a trial of K=5's schedule waited 120 s where the move to K=5 was made at
+    once without trials."""
+    decision, state = decide(observation, entry, replace(settings, exploration=0.0), cost, now)
+    note = f"; exploring, the trial it preferred waits: {held}"
+    return replace(decision, reason=decision.reason + note), state
 
 
 @dataclass(frozen=True, slots=True)
