@@ -21,8 +21,10 @@ speculation, the full tuner and each ablation (operator/app/bench/policies.py, `
   with one replica and a surge rollout, whose spare GPU holds a canary beside the replica that
   takes all of the load for its trial, the replica idle and warm as the way back
   (`poisson-vllm-exploration`, `azure-vllm-surge-exploration`, and with SGLang
-  `azure-sglang-surge-exploration`; runtime/full_load_trial.py),
-  each time alone beside the tuner and no speculation; with trials on all of the traffic and
+  `azure-sglang-surge-exploration`; runtime/full_load_trial.py), and so again started on
+  EAGLE-3 K=3, the SpecDeployment's default start (`poisson-vllm-start-eagle3-exploration`,
+  `azure-vllm-surge-start-eagle3-exploration`), each time alone beside the tuner and no
+  speculation; with trials on all of the traffic and
   no replica held back it paid for itself in none of 90 one-replica world runs
   (`git show d04e071:bench/results/ablations.md`), at half the traffic its gains were the
   spare GPU's (`git show 243d7a9:bench/results/ablations.md`).
@@ -78,6 +80,16 @@ RUNS: dict[str, list[str]] = {
     "azure-sglang-surge-exploration": [
         "--trace", AZURE, "--peak-load", "1.2", *SGLANG, "--rollout", "surge",
     ],
+    # The same, started on speculation as a SpecDeployment is by default: what a trial can
+    # teach there is a K or a way off, not a way in.
+    "poisson-vllm-start-eagle3-exploration": [
+        "--trace", AZURE, "--poisson", "0.1:1.3:7", *VLLM, "--rollout", "surge",
+        "--initial", "static:eagle3 K=3",
+    ],
+    "azure-vllm-surge-start-eagle3-exploration": [
+        "--trace", AZURE, "--peak-load", "1.2", *VLLM, "--rollout", "surge",
+        "--initial", "static:eagle3 K=3",
+    ],
 }  # fmt: skip
 EXPLORATION = "specpilot:exploration"
 EXPLORATION_ONLY = ",".join([NO_SPEC, SPECPILOT, EXPLORATION])
@@ -87,6 +99,8 @@ RUN_POLICIES = {
     "poisson-vllm-exploration": EXPLORATION_ONLY,
     "azure-vllm-surge-exploration": EXPLORATION_ONLY,
     "azure-sglang-surge-exploration": EXPLORATION_ONLY,
+    "poisson-vllm-start-eagle3-exploration": EXPLORATION_ONLY,
+    "azure-vllm-surge-start-eagle3-exploration": EXPLORATION_ONLY,
 }
 """Runs that compare fewer policies than `POLICIES`."""
 
