@@ -9,7 +9,8 @@ method for capacity, it records what that method served. A move for capacity onl
 load needs (`Proposal.on_forecast`) waits for a second window in a row that proposes one with
 the batch still moving with its trend (`plan.trend_holds`). A move that re-tests a method which
 drafted nothing (`Belief.retested`) is a trial where a canary can run it
-(`TunerSettings.trial_share` below 1).
+(`TunerSettings.trial_share` below 1). A trial the gate holds gives way to what the tuner
+decides without exploring (`_without_the_trial`), its reason saying the trial waits.
 `judge_trial(main, canary, config, state, settings, cost, now)` says whether a trial's canary
 earns its promotion once what it served is learned, or which config of its method the tuner
 would move to instead (`TrialVerdict`).
