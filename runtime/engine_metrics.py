@@ -15,7 +15,10 @@ Semantics (vLLM 0.32 and SGLang 0.5.23 sources, see REFERENCE.md):
 - SGLang exposes acceptance only as windowed gauges; across pods they are weighted by each
   pod's verify calls in the window.
 - Per-token latency comes from request_time_per_output_token on both engines (vLLM's
-  inter-token latency is per engine step, SGLang's per token: not comparable).
+  inter-token latency is per engine step, SGLang's per token: not comparable). SGLang drops a
+  non-streamed request's TPOT once the host's wall clock has stepped since the server started
+  (tests/contract/sglang_live.py, `generate`, says why); the figure then speaks for the
+  streamed requests alone, or is missing. The tuner predicts TPOT and does not read this one.
 - Load (running, waiting, KV usage) is per engine: the mean over pods of each pod's mean.
   Throughput is the sum over pods.
 - Running requests (the batch the tuner reads) is a time integral, not a gauge sampled at
