@@ -191,10 +191,12 @@ class ControlLoop:
         E2E, against 1.000; SpecPilot only, from an uncommitted worktree on 165628f)."""
         if (probe.waiting_requests or 0.0) <= QUEUE_AT_PROBE:
             return None
-        decision, _ = decide(probe, self.state, self._tick_settings(now), self.cost, now)
+        settings = self._tick_settings(now)
+        decided = decide(probe, self.state, settings, self.cost, now)
+        decision = decided[0]
         if decision.config == self.state.current or decision.speed_checked:
             return None  # nothing it learned is kept: the whole window is read
-        return self._decide_and_act(probe, now)  # decides the same again (decide is pure)
+        return self._decide_and_act(probe, now, (settings, decided))
 
     def _tick_settings(self, now: float) -> TunerSettings:
         """The tuner's settings for this tick: configs backed off left out, trials priced at
@@ -210,10 +212,19 @@ class ControlLoop:
             settings = replace(settings, unproven=tuple(sorted(self.state.canary_only, key=str)))
         return settings
 
-    def _decide_and_act(self, observation: Observation, now: float) -> TickRecord:
-        settings = self._tick_settings(now)
+    def _decide_and_act(
+        self,
+        observation: Observation,
+        now: float,
+        decided: tuple[TunerSettings, tuple[Decision, TunerState]] | None = None,
+    ) -> TickRecord:
+        """Decide on `observation` and act; `decided`: the tick's settings and the decision
+        already made on it (the probe's)."""
+        if decided is None:
+            settings = self._tick_settings(now)
+            decided = settings, decide(observation, self.state, settings, self.cost, now)
+        settings, (decision, state) = decided
         previous = self.state
-        decision, state = decide(observation, self.state, settings, self.cost, now)
         record = TickRecord(now, observation, decision, applied=False)
         if decision.config != previous.current:
             self._instead = None

@@ -25,7 +25,7 @@ from specpilot.tuner._model.step_cost import StepCost
 from specpilot.tuner._model.surrogate import Prediction
 from specpilot.tuner.observation import Observation
 from specpilot.tuner.policy.gate import gate, recent_restarts
-from specpilot.tuner.policy.learn import learn, learn_trial
+from specpilot.tuner.policy.learn import Belief, learn, learn_trial
 from specpilot.tuner.policy.plan import trend_holds
 from specpilot.tuner.policy.propose import acceptance_note, propose
 from specpilot.tuner.policy.settings import TunerSettings
@@ -60,10 +60,20 @@ def decide(
     cost: StepCost,
     now: float,
 ) -> tuple[Decision, TunerState]:
-    entry = state
     belief = learn(observation, state, settings, cost, now)
     if isinstance(belief, str):
         return _stay(state.current, belief, regime="unknown"), state
+    return _decide_on(belief, observation, settings, cost, now)
+
+
+def _decide_on(
+    belief: Belief,
+    observation: Observation,
+    settings: TunerSettings,
+    cost: StepCost,
+    now: float,
+) -> tuple[Decision, TunerState]:
+    """`decide` once the window is learned."""
     state, current, batch = belief.state, belief.state.current, belief.batch
     running, proposal, passed_over = propose(
         belief, settings, cost, observation.waiting_requests or 0.0
@@ -94,7 +104,7 @@ def decide(
         return _stay(current, best, running.regime, running), state
     held = gate(proposal, running, belief, settings, cost, now)
     if held is not None and proposal.trial and settings.exploration > 0.0:
-        return _without_the_trial(observation, entry, held, settings, cost, now)
+        return _without_the_trial(belief, observation, held, settings, cost, now)
     if held is not None:
         return _stay(current, held, running.regime, running), state
     target, predicted = proposal.config, proposal.prediction
@@ -138,8 +148,8 @@ def decide(
 
 
 def _without_the_trial(
+    belief: Belief,
     observation: Observation,
-    entry: TunerState,
     held: str,
     settings: TunerSettings,
     cost: StepCost,
@@ -151,7 +161,7 @@ def _without_the_trial(
     dwell and a trial's may not (`gate.early_first_move`): started on EAGLE-3 K=3 at 0.1 of
     capacity, world 1, a trial of K=5's schedule waited 120 s where the move to K=5 was made at
     once without trials."""
-    decision, state = decide(observation, entry, replace(settings, exploration=0.0), cost, now)
+    decision, state = _decide_on(belief, observation, replace(settings, exploration=0.0), cost, now)
     note = f"; exploring, the trial it preferred waits: {held}"
     return replace(decision, reason=decision.reason + note), state
 
