@@ -34,7 +34,13 @@ from specpilot.operator.api.models import (
 )
 from specpilot.operator.api.pod import PodSettings
 from specpilot.operator.api.status import ConfigStatus
-from specpilot.runtime.engines import ADAPTERS, EngineName, LaunchSettings, max_batch_from_args
+from specpilot.runtime.engines import (
+    ADAPTERS,
+    EngineName,
+    LaunchSettings,
+    drain_from_args,
+    max_batch_from_args,
+)
 from specpilot.tuner import ConfigError, SpecConfig
 
 __all__ = [
@@ -129,6 +135,9 @@ class SpecDeploymentSpec:
     extra_args: tuple[str, ...] = ()
     max_batch: int | None = None
     """The engine's cap on concurrent requests as extra_args set it (None: its default)."""
+    drain_s: int | None = None
+    """Seconds extra_args let a terminating engine finish its requests (vLLM's
+    --shutdown-timeout); None: not set there, and SpecPilot sets it (operator/kube/children)."""
     env: tuple[EnvVar, ...] = ()
     allow_off: bool = field_default(api.Speculative, "allow_off")
     candidates: tuple[SpecConfig, ...] = (SpecConfig(),)
@@ -175,9 +184,10 @@ def decode_spec(spec: Mapping[str, Any]) -> SpecDeploymentSpec:
     try:
         adapter.render(initial, decoded.launch_settings())
         max_batch = max_batch_from_args(adapter, decoded.extra_args)
+        drain_s = drain_from_args(adapter, decoded.extra_args)
     except ConfigError as exc:
         raise SpecError("spec.extraArgs", exc.value, exc.allowed, str(exc)) from exc
-    return replace(decoded, max_batch=max_batch)
+    return replace(decoded, max_batch=max_batch, drain_s=drain_s)
 
 
 def _gpu(resources: api.Resources) -> GpuSpec:

@@ -9,6 +9,10 @@ dicts (`kopf.adopt`) and apply them.
   `spec.command`) plus `adapter.render(config, launch)`; the running `SpecConfig` is also
   written as JSON in the pod-template annotation `CONFIG_ANNOTATION` so the actuator, tests
   and humans read what runs without parsing arguments.
+- Rollouts drop no request: a terminating engine serves through `PRE_STOP_SLEEP_S` (the
+  endpoints drop it meanwhile), then finishes what it holds for up to `DRAIN_S` (vLLM told by
+  `--shutdown-timeout`, whose default 0 aborts every request in flight; SGLang drains by
+  itself) within the pod's grace period (`termination_grace_s`).
 - Replicas: the main Deployment carries `spec.replicas` only when the SpecDeployment sets it.
   The scale subresource makes replicas the user's, an HPA's or KEDA's; SpecPilot never writes
   a count of its own, so it never fights them. A canary always has 1 replica.
@@ -25,6 +29,7 @@ import json
 import math
 import posixpath
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any, Literal
 
 from specpilot.operator.api.names import (
@@ -60,6 +65,12 @@ SCRAPE_INTERVAL = "15s"
 STARTUP_PROBE_PERIOD_S = 10
 PRE_STOP_SLEEP_S = 10
 """Seconds a terminating engine keeps serving before SIGTERM; within the pod's grace period."""
+DRAIN_S = 45
+"""Seconds a terminating engine may spend finishing the requests it holds once SIGTERM has come,
+unless spec.extraArgs set the engine's own drain flag: a switch rolls pods over, and an engine
+that aborted its requests would fail every stream in flight at each switch."""
+SHUTDOWN_SLACK_S = 5
+"""Grace beyond the pre-stop sleep and the drain, for the engine to release the GPU and exit."""
 
 
 def deployment_name(name: str, role: Role = "main") -> str:
@@ -150,7 +161,18 @@ def container_command(spec: SpecDeploymentSpec) -> list[str]:
 
 
 def container_args(spec: SpecDeploymentSpec, config: SpecConfig) -> list[str]:
-    return get_adapter(spec.engine).render(config, spec.launch_settings())
+    adapter = get_adapter(spec.engine)
+    launch = spec.launch_settings()
+    if adapter.drain_flags and spec.drain_s is None:
+        drain = (adapter.drain_flags[0], str(DRAIN_S))
+        launch = replace(launch, extra_args=(*drain, *launch.extra_args))
+    return adapter.render(config, launch)
+
+
+def termination_grace_s(spec: SpecDeploymentSpec) -> int:
+    """The pod's grace period: the pre-stop sleep, the engine's drain, and the slack to exit."""
+    drain_s = DRAIN_S if spec.drain_s is None else spec.drain_s
+    return PRE_STOP_SLEEP_S + drain_s + SHUTDOWN_SLACK_S
 
 
 def _resources(spec: SpecDeploymentSpec) -> dict[str, Any]:
@@ -236,7 +258,7 @@ def _pod_spec(
     pod: dict[str, Any] = {"containers": [container], "volumes": volumes}
     if spec.gpu.node_selector:
         pod["nodeSelector"] = dict(spec.gpu.node_selector)
-    pod["terminationGracePeriodSeconds"] = 60
+    pod["terminationGracePeriodSeconds"] = termination_grace_s(spec)
     return pod
 
 

@@ -9,6 +9,7 @@ from specpilot.runtime.engines.base import (
     EngineName,
     LaunchSettings,
     MethodSupport,
+    drain_from_args,
     max_batch_from_args,
 )
 from specpilot.runtime.engines.sglang import SglangAdapter
@@ -36,6 +37,7 @@ __all__ = [
     "MethodSupport",
     "SglangAdapter",
     "VllmAdapter",
+    "drain_from_args",
     "get_adapter",
     "max_batch_from_args",
 ]

@@ -67,6 +67,10 @@ class EngineAdapter(Protocol):
     capabilities: Mapping[str, MethodSupport]
     max_batch_flags: tuple[str, ...]
     """The spellings of the flag that caps the requests the engine runs at once."""
+    drain_flags: tuple[str, ...]
+    """The spellings of the flag that lets the engine finish the requests it holds after
+    SIGTERM, for at most its value in seconds (its first spelling is the one rendered); empty
+    where the engine drains without being told."""
 
     def check(self, config: SpecConfig) -> None:
         """Raise `EngineCapabilityError` if this engine cannot run `config`."""
@@ -204,6 +208,16 @@ def max_batch_from_args(adapter: EngineAdapter, args: Sequence[str]) -> int | No
     value = parse_int_flag(found)
     if found is not None and value is not None and value < 1:
         raise EngineArgsError(found.name, found.value, "a positive integer")
+    return value
+
+
+def drain_from_args(adapter: EngineAdapter, args: Sequence[str]) -> int | None:
+    """The seconds `args` let `adapter`'s engine drain for after SIGTERM (None: not set); a
+    value that is not a non-negative integer is an `EngineArgsError` naming the flag."""
+    found = find_flags(args, dict.fromkeys(adapter.drain_flags, "drain")).get("drain")
+    value = parse_int_flag(found)
+    if found is not None and value is not None and value < 0:
+        raise EngineArgsError(found.name, found.value, "a non-negative integer")
     return value
 
 

@@ -84,6 +84,9 @@ class SglangAdapter:
     version = "0.5.23"
     capabilities = CAPABILITIES
     max_batch_flags: tuple[str, ...] = ("--max-running-requests",)
+    # SGLang 0.5.23 drains on SIGTERM by itself, until its last request finishes
+    # (TokenizerManager.sigterm_watchdog); only the pod's grace period bounds it
+    drain_flags: tuple[str, ...] = ()
 
     def check(self, config: SpecConfig) -> None:
         check_capability("SGLang", CAPABILITIES, config)

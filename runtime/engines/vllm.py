@@ -60,6 +60,9 @@ class VllmAdapter:
     capabilities = CAPABILITIES
     # vLLM's parser reads underscores as dashes
     max_batch_flags: tuple[str, ...] = ("--max-num-seqs", "--max_num_seqs")
+    # vLLM 0.32 aborts every request in flight on SIGTERM unless told to wait (its default
+    # --shutdown-timeout is 0: vllm/engine/arg_utils.py, vllm/v1/engine/core.py)
+    drain_flags: tuple[str, ...] = ("--shutdown-timeout", "--shutdown_timeout")
 
     def check(self, config: SpecConfig) -> None:
         check_capability("vLLM", CAPABILITIES, config)

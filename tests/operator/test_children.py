@@ -20,8 +20,10 @@ from specpilot.operator.api.names import (
     NAME_LABEL,
     ROLE_LABEL,
 )
-from specpilot.operator.api.spec import SpecDeploymentSpec, decode_spec
+from specpilot.operator.api.spec import SpecDeploymentSpec, SpecError, decode_spec
 from specpilot.operator.kube.children import (
+    DRAIN_S,
+    PRE_STOP_SLEEP_S,
     deployment_name,
     desired_children,
     desired_config_map,
@@ -178,15 +180,49 @@ def test_probes_cover_model_loading() -> None:
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 1200
 
 
-def test_a_terminating_engine_serves_until_the_endpoints_have_dropped_it() -> None:
-    deployment = desired_deployment(name="x", namespace="ns", spec=_spec(), config=SpecConfig())
-    pre_stop = _container(deployment)["lifecycle"]["preStop"]["exec"]["command"]
-    assert pre_stop[0] == "sleep" and int(pre_stop[1]) >= 5
-    # the grace period covers the sleep and the engine's own shutdown after SIGTERM
-    assert (
-        deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
-        > int(pre_stop[1]) + 30
-    )
+def _grace_and_args(spec: SpecDeploymentSpec) -> tuple[int, list[str], list[str]]:
+    deployment = desired_deployment(name="x", namespace="ns", spec=spec, config=SpecConfig())
+    container = _container(deployment)
+    grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    return grace, container["lifecycle"]["preStop"]["exec"]["command"], container["args"]
+
+
+def _flag_values(args: list[str], flag: str) -> list[str]:
+    return [args[i + 1] for i, token in enumerate(args) if token == flag]
+
+
+def test_a_terminating_vllm_serves_then_drains_within_the_grace_period() -> None:
+    grace, pre_stop, args = _grace_and_args(_spec())
+    assert pre_stop == ["sleep", str(PRE_STOP_SLEEP_S)] and PRE_STOP_SLEEP_S >= 5
+    # vLLM's own default (0) aborts every request in flight on SIGTERM
+    assert _flag_values(args, "--shutdown-timeout") == [str(DRAIN_S)] and DRAIN_S >= 30
+    assert grace > PRE_STOP_SLEEP_S + DRAIN_S
+
+
+def test_a_users_own_vllm_drain_is_kept_and_the_grace_period_follows_it() -> None:
+    spec = _spec(extraArgs=["--shutdown-timeout", "300", "--max-num-seqs", "64"])
+    grace, _, args = _grace_and_args(spec)
+    assert _flag_values(args, "--shutdown-timeout") == ["300"]
+    assert grace > PRE_STOP_SLEEP_S + 300
+    abort = _spec(extraArgs=["--shutdown-timeout=0"])
+    grace, _, args = _grace_and_args(abort)
+    assert "--shutdown-timeout" not in args and "--shutdown-timeout=0" in args
+    assert PRE_STOP_SLEEP_S < grace < PRE_STOP_SLEEP_S + DRAIN_S
+
+
+def test_sglang_drains_by_itself_within_the_grace_period() -> None:
+    grace, pre_stop, args = _grace_and_args(_spec(engine="sglang"))
+    assert pre_stop == ["sleep", str(PRE_STOP_SLEEP_S)]
+    assert not any(token.startswith("--shutdown") for token in args)
+    assert grace > PRE_STOP_SLEEP_S + DRAIN_S
+
+
+@pytest.mark.parametrize("value", ["-1", "soon", ""])
+def test_a_drain_that_is_not_seconds_names_the_flag(value: str) -> None:
+    with pytest.raises(SpecError) as err:
+        _spec(extraArgs=["--shutdown-timeout", value])
+    assert err.value.field == "spec.extraArgs"
+    assert "--shutdown-timeout" in str(err.value) and "integer" in str(err.value)
 
 
 def test_replicas_belong_to_the_user_or_the_autoscaler() -> None:
