@@ -19,9 +19,15 @@ is the simulated time.
   ones, and only when it is ready is one old replica stopped, N times; `one-at-a-time`
   (maxSurge 0, maxUnavailable 1): one replica is stopped, then replaced, N times, so N-1 serve
   meanwhile; `restart`: every replica stops and restarts at once (one replica: today's model).
-- A stopped replica's requests in flight (and those queued on it) are retried by the client
-  from the start on another replica, and keep their original arrival time, so their wait
-  counts in their latency; tokens streamed before the stop are lost to the user.
+- A stopped replica terminates as the operator's pod does (`pre_stop_s`, `drain_s`: the
+  bench passes operator/kube/children's): it leaves the balancer and the scrapes at once,
+  serves what it holds through the pre-stop sleep and the drain, and exits (freeing its GPU)
+  once it is empty after the sleep. What it still holds at the drain's end (everything, with
+  no drain: vLLM's own default) is retried by the client from the start on another replica,
+  keeping its arrival time, so its wait counts in its latency; tokens streamed before the stop
+  are lost to the user. A replica's pod waits for a free GPU (`replicas`, one more with
+  surge), so a rollout waits for each stopped replica's exit before the next one starts
+  where no GPU is spare.
 - Trials (`TrialActuator`: `apply_trial`, `canary_share`, `trial_observation`), as
   `KubeActuator` runs them: with two or more replicas a trial's config first runs on a canary
   that takes one replica's place, so a trial never serves on more replicas than the static
@@ -70,9 +76,20 @@ class _Replica:
     ready_at: float
     clock: float
     """The end of the replica's last step (steps are atomic, so it can pass an event)."""
+    leaving: _Leaving | None = None
+    """Set once the replica is stopped: out of the balancer, finishing what it holds."""
 
     def outstanding(self) -> int:
         return len(self.core.running) + len(self.core.waiting)
+
+
+@dataclass(frozen=True, slots=True)
+class _Leaving:
+    """A stopped replica's exit: not before its pre-stop sleep has run, and by the end of its
+    drain at the latest, when what it still holds is aborted."""
+
+    not_before: float
+    by: float
 
 
 @dataclass(slots=True)
@@ -102,6 +119,10 @@ class _WindowTotals:
         self.batch_time[replica_id] = self.batch_time.get(replica_id, 0.0) + progress.batch_time
 
 
+_EXIT_POLL_S = 1.0
+"""How often a rollout waiting for a GPU looks whether a stopped replica has emptied."""
+
+
 class CanaryRejected(RuntimeError):
     """The canary was not promoted: slower per sequence than the main replicas beyond the
     tolerance, no load to compare, or the trial's judge said why not."""
@@ -125,6 +146,8 @@ class EmulatedDeployment:
         canary_warmup_s: float = 20.0,
         canary_tolerance: float = 0.05,
         full_load_window_s: float = WINDOW_S,
+        pre_stop_s: float = 0.0,
+        drain_s: float = 0.0,
     ) -> None:
         if replicas < 1:
             raise ValueError(f"replicas={replicas}: allowed 1 or more")
@@ -134,6 +157,9 @@ class EmulatedDeployment:
         self.config = config
         self.rollout: Rollout = rollout
         self.start_time_s = start_time_s
+        self.pre_stop_s = pre_stop_s
+        self.drain_s = drain_s
+        self._gpus = replicas + (1 if rollout == "surge" else 0)
         self.now = 0.0
         self.restarts = 0
         """Config changes applied (a rollback counts as one)."""
@@ -181,7 +207,7 @@ class EmulatedDeployment:
         started = self.now
         self.config = config
         self.restarts += 1
-        self._roll(config, sorted(self._replicas))
+        self._roll(config, self._staying())
         self.rollout_s += self.now - started
 
     def observe(self, window_s: float) -> Observation:
@@ -198,7 +224,7 @@ class EmulatedDeployment:
         1/2 beside a single replica with a spare GPU (surge), where the canary takes all of the
         load but a warm replica takes it back at the first probe that finds it congested;
         None otherwise."""
-        replicas = len(self._replicas)
+        replicas = len(self._staying())
         if replicas >= 2:
             return 1.0 / replicas
         return 0.5 if self.rollout == "surge" else None
@@ -216,7 +242,7 @@ class EmulatedDeployment:
         if self.canary_share() is None:
             self.apply(config)
             return
-        if len(self._replicas) == 1:
+        if len(self._staying()) == 1:
             self._full_load_trial(config)
             return
         started = self.now
@@ -252,7 +278,7 @@ class EmulatedDeployment:
             raise CanaryRejected(
                 f"canary {config.describe()} rejected: no window of the replica's to compare with"
             )
-        started, (replica,) = self.now, list(self._replicas)
+        started, (replica,) = self.now, self._staying()
         trial = FullLoadTrial(self._last)
         canary = self._start_beside(config)
         self._window, self._canary, self._canary_window = _WindowTotals(), canary, _WindowTotals()
@@ -281,6 +307,7 @@ class EmulatedDeployment:
             # the canary goes on serving all of the load
             self._stop_replica(replica)
             self.config, self.restarts = config, self.restarts + 1
+            self._await_gpu()
             replica = self._start_replica(config, ready_at=self.now + self.start_time_s)
             self.run_until(self._replicas[replica].ready_at)
         self._route_only = replica
@@ -323,11 +350,17 @@ class EmulatedDeployment:
             event = until
             if self._next is not None:
                 event = min(event, self._next.arrival_s)
-            pending_ready = [r.ready_at for r in self._replicas.values() if r.ready_at > self.now]
-            if pending_ready:
-                event = min(event, *pending_ready)
+            pending = [r.ready_at for r in self._replicas.values() if r.ready_at > self.now]
+            for replica in self._replicas.values():
+                if replica.leaving is not None:
+                    pending += [
+                        t for t in (replica.leaving.not_before, replica.leaving.by) if t > self.now
+                    ]
+            if pending:
+                event = min(event, *pending)
             self._advance_replicas(event)
             self.now = max(self.now, event)
+            self._let_the_drained_exit()
             self._dispatch_client_queue()
             while self._next is not None and self._next.arrival_s <= self.now:
                 request, self._next = self._next, next(self._arrivals, None)
@@ -357,15 +390,25 @@ class EmulatedDeployment:
                 continue
             end, progress = replica.core.advance(start, until)
             replica.clock = end
-            if rid == self._canary and self._canary_window is not None:
+            if replica.leaving is not None:
+                pass  # a terminating pod is not scraped (operator/kube/pod_metrics.py)
+            elif rid == self._canary and self._canary_window is not None:
                 self._canary_window.add(rid, progress)
             else:
                 self._window.add(rid, progress)
             if len(progress.itl_gaps):
                 self.itl.add_many(progress.itl_gaps, progress.itl_weights)
 
+    def _staying(self) -> list[int]:
+        """The replicas not stopped (ready or starting), in id order."""
+        return sorted(rid for rid, r in self._replicas.items() if r.leaving is None)
+
     def _ready(self) -> list[tuple[int, _Replica]]:
-        return [(rid, r) for rid, r in sorted(self._replicas.items()) if r.ready_at <= self.now]
+        return [
+            (rid, r)
+            for rid, r in sorted(self._replicas.items())
+            if r.ready_at <= self.now and r.leaving is None
+        ]
 
     def _dispatch(self, request: Request) -> None:
         if self._route_only is not None:
@@ -400,6 +443,34 @@ class EmulatedDeployment:
         return rid
 
     def _stop_replica(self, rid: int) -> None:
+        """Stop one replica the way its pod terminates: out of the balancer at once, serving
+        what it holds through the pre-stop sleep and the drain, and gone (its GPU free) once
+        it is empty after the sleep, or at the drain's end with what it still holds retried."""
+        replica = self._replicas[rid]
+        if replica.leaving is None:
+            not_before = self.now + self.pre_stop_s
+            replica.leaving = _Leaving(not_before, not_before + self.drain_s)
+        self._let_the_drained_exit()
+
+    def _let_the_drained_exit(self) -> None:
+        for rid, replica in list(self._replicas.items()):
+            leaving = replica.leaving
+            if leaving is None:
+                continue
+            empty = not replica.outstanding() and self.now >= leaving.not_before
+            if empty or self.now >= leaving.by:
+                self._remove_replica(rid)
+
+    def _await_gpu(self) -> None:
+        """Wait until a GPU is free for one more replica: a stopped one holds its GPU until it
+        exits, so the next one's pod waits for it (Pending) as a pod on a full node does."""
+        while len(self._replicas) >= self._gpus:
+            exits = [r.leaving.by for r in self._replicas.values() if r.leaving is not None]
+            if not exits:
+                raise RuntimeError("no GPU free and none being freed")
+            self.run_until(min(min(exits), self.now + _EXIT_POLL_S))
+
+    def _remove_replica(self, rid: int) -> None:
         replica = self._replicas.pop(rid)
         orphans = [*replica.core.running, *replica.core.waiting]
         for request in orphans:  # the client retries from the start, same arrival time
@@ -414,9 +485,11 @@ class EmulatedDeployment:
         if self.rollout == "restart":
             for rid in replicas:
                 self._stop_replica(rid)
+            started = []
             for _ in replicas:
-                self._start_replica(config, ready_at=self.now + self.start_time_s)
-            self.run_until(self.now + self.start_time_s)
+                self._await_gpu()
+                started.append(self._start_replica(config, ready_at=self.now + self.start_time_s))
+            self.run_until(max(self._replicas[rid].ready_at for rid in started))
             return
         for rid in replicas:
             self._replace(rid, config)
@@ -427,6 +500,7 @@ class EmulatedDeployment:
         stops first."""
         if self.rollout != "surge":
             self._stop_replica(rid)
+        self._await_gpu()
         new = self._start_replica(config, ready_at=self.now + self.start_time_s)
         self.run_until(self._replicas[new].ready_at)
         if self.rollout == "surge":
@@ -436,10 +510,11 @@ class EmulatedDeployment:
     def _start_canary(self, config: SpecConfig) -> int:
         """Start the canary in the last replica's place (`_replace`'s order), so that a trial
         never serves on more replicas than the static configs it is compared with."""
-        return self._replace(max(self._replicas), config)
+        return self._replace(max(self._staying()), config)
 
     def _start_beside(self, config: SpecConfig) -> int:
         """Start the canary on the spare GPU beside the only replica, which serves meanwhile."""
+        self._await_gpu()
         canary = self._start_replica(config, ready_at=self.now + self.start_time_s)
         self.run_until(self._replicas[canary].ready_at)
         return canary

@@ -1,6 +1,8 @@
 """The emulated Deployment (runtime/emulator/deployment.py) in simulated time: the balancer
 spreads arrivals over ready replicas, each rollout mode keeps (or loses) the capacity it should,
-requests in flight on a stopped replica are retried from the start with their wait counted, and
+a stopped replica finishes what it holds within its drain and holds its GPU until it exits,
+what the drain cannot finish (all of it, with none) is retried from the start with its wait
+counted, and
 `observe` reports a window as a scrape of the ready replicas would, and a trial runs on a canary
 beside two or more replicas as the Kubernetes actuator runs it. No wall clock anywhere."""
 
@@ -109,6 +111,47 @@ def test_requests_in_flight_on_a_stopped_replica_are_retried_from_the_start() ->
         assert request.arrival_s <= 30.0
     d.observe(60.0)
     assert all(r.first_token_s is not None and r.first_token_s >= 90.0 for r in in_flight)
+
+
+def test_a_stopped_replica_finishes_what_it_holds_and_is_not_scraped_meanwhile() -> None:
+    d = deployment(
+        rollout="surge", arrivals=steady(4.0, 600.0, output=600), pre_stop_s=10.0, drain_s=45.0
+    )
+    d.observe(30.0)
+    d.apply(EAGLE3)  # the new replica is ready at 90 s; the old one stops then
+    stopped_at = d.now
+    held = [r for r in d.records() if r.finished_s is None and r.first_token_s is not None]
+    assert held
+    first_tokens = {r.request_id: r.first_token_s for r in held}
+    observed = d.observe(30.0)
+    assert observed.pods == ("replica-1",)  # a terminating pod is not scraped
+    for request in held:  # finished where they ran, never sent again
+        assert request.first_token_s == first_tokens[request.request_id]
+        assert request.finished_s is not None and request.finished_s <= stopped_at + 55.0
+    assert len(d._replicas) == 1  # gone once empty
+
+
+def test_what_the_drain_cannot_finish_is_retried_at_its_end() -> None:
+    d = deployment(rollout="surge", arrivals=steady(2.0, 600.0, output=20000), drain_s=5.0)
+    d.observe(30.0)
+    d.apply(EAGLE3)
+    stopped_at = d.now
+    held = [r for r in d.records() if r.finished_s is None and r.first_token_s is not None]
+    assert held and all(r.first_token_s is not None and r.first_token_s < stopped_at for r in held)
+    d.observe(30.0)
+    for request in held:  # sent again from the start once the drain ran out
+        assert request.first_token_s is not None and request.first_token_s >= stopped_at + 5.0
+
+
+@pytest.mark.parametrize("rollout", ["one-at-a-time", "surge"])
+def test_a_replacement_waits_for_the_gpu_a_stopped_replica_holds(rollout: str) -> None:
+    d = deployment(replicas=2, rollout=rollout, pre_stop_s=10.0, drain_s=45.0)
+    d.observe(30.0)
+    d.apply(EAGLE3)
+    # each replica's pod waits at least the pre-stop sleep for the GPU the one before frees,
+    # except a surge's first, which starts on the spare GPU
+    waits = 2 if rollout == "one-at-a-time" else 1
+    assert d.rollout_s >= 2 * 60.0 + waits * 10.0 - 0.5
 
 
 def test_applying_the_running_config_is_a_no_op() -> None:

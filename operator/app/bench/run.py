@@ -24,6 +24,7 @@ from specpilot.operator.app.bench.policies import (
     space_for,
 )
 from specpilot.operator.app.bench.traffic import RequestTemplate
+from specpilot.operator.kube.children import DRAIN_S, PRE_STOP_SLEEP_S
 from specpilot.operator.loop import Actuator, ControlLoop
 from specpilot.runtime.emulator.core import Request
 from specpilot.runtime.emulator.deployment import EmulatedDeployment, Rollout
@@ -110,6 +111,8 @@ def run_policy(setup: Setup, world_seed: int, policy: StaticPolicy | str) -> Pol
         rollout=setup.rollout,
         start_time_s=world.start_time_s(setup.tuning.start_s),
         seed=setup.seed,
+        pre_stop_s=PRE_STOP_SLEEP_S,
+        drain_s=DRAIN_S,
     )
     configs: list[str] = []
     decisions: list[str] = []
