@@ -36,8 +36,8 @@ class TunerSettings:
     capacity read, to be entered and to price its overload (its capacity is the physics
     prior's guess, which hides what a world hides from a speculative path: its drafter, its
     verify overhead, its acceptance). 0 reads the mean. On the Poisson sweep at 0.5-0.9 of
-    capacity (bench/results/entry_caution.md), 0 entered EAGLE-3 where it paid 18-22% and
-    where it cost 33%, worlds the tuner saw alike from no speculation's windows; 0.5, on
+    capacity (bench/results/entry_caution.md), 0 was better in 9 of 30 cells (by up to 27%)
+    and worse in 2 (by up to 6.4%, over the yardstick's 1.05 bound); 0.5, on
     Azure at peak 1.2, made world 1 1.311x no speculation's mean E2E (1.799x with 4
     replicas), against 1.000 at 1."""
     rollout_share: float = 1.0
