@@ -1,12 +1,13 @@
-"""Entry caution: what reading a never-run speculative config's capacity one sd down buys.
+"""Entry caution: what reading a never-run speculative config's capacity half an sd down buys.
 
 Run: .venv/bin/python bench/entry_caution.py [--worlds N] [--rates A:B:N]
 One `specpilot bench` over the yardstick's Poisson traffic (Azure conversation shapes, vLLM
 dialect, H100 x llama-3.1-8b, one replica, surge rollout) at the loads where the caution
 decides (0.5, 0.7 and 0.9 of the nominal world's no-speculation capacity), in 10 hidden
 worlds: no speculation, static EAGLE-3 K=4 (the sweep's best static in the median world), the
-tuner as shipped (`TunerSettings.entry_caution_sd` 1) and its variants at 0.5 and 0 sds
-(operator/app/bench/policies.py, `VARIANTS`). Writes bench/results/entry_caution.json (the
+tuner as shipped (`TunerSettings.entry_caution_sd` 0.5) and its variants at 1 and 0 sds
+(operator/app/bench/policies.py, `VARIANTS`; under an overload every one reads at least one
+sd down, `latency_proposal.OVERLOAD_ENTRY_CAUTION_SD`). Writes bench/results/entry_caution.json (the
 bench's report: commit, command, seeds) and entry_caution.md: per rate and world, each
 policy's mean E2E latency, and per variant the worlds where it beat the shipped tuner, where
 it lost, and its worst world against no speculation (the yardstick's bound: 1.05).
@@ -78,8 +79,8 @@ def markdown(report: dict[str, Any]) -> str:
             "Mean E2E latency, ms, per rate (fraction of the nominal world's no-speculation "
             "capacity) and hidden world:\n",
             *rows(report),
-            "\nEach variant against the shipped tuner (one sd down) and against no "
-            "speculation, over every (rate, world) cell:\n",
+            "\nEach variant against the shipped tuner (half an sd down; one under an overload) "
+            "and against no speculation, over every (rate, world) cell:\n",
             *verdicts(report),
             "",
         ]

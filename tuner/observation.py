@@ -46,6 +46,10 @@ class Observation:
     drafts: float | None = None
     """Drafts verified in the window, summed over pods (vLLM's drafts counter, SGLang's verify
     calls): how much evidence the acceptance figures carry. None: the engine does not say."""
+    load_rise: float | None = None
+    """Over a window joined from two (`joined`): the later part's output tokens/s over the
+    earlier part's, how far the load moved inside the window. None: one window, or a part
+    that served nothing."""
 
     @property
     def engines(self) -> int:
@@ -62,8 +66,11 @@ class Observation:
 
     @property
     def unknown(self) -> tuple[str, ...]:
-        """Names of the quantities that could not be computed for this window."""
-        return tuple(f.name for f in fields(self) if getattr(self, f.name) is None)
+        """Names of the quantities that could not be computed for this window (`load_rise`
+        is not measured but derived, and only for a joined window)."""
+        return tuple(
+            f.name for f in fields(self) if f.name != "load_rise" and getattr(self, f.name) is None
+        )
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -125,7 +132,14 @@ def joined(first: Observation, then: Observation) -> Observation:
         drafts=None
         if first.drafts is None and then.drafts is None
         else (first.drafts or 0.0) + (then.drafts or 0.0),
+        load_rise=_ratio(then.generation_tokens_per_s, first.generation_tokens_per_s),
     )
+
+
+def _ratio(later: float | None, earlier: float | None) -> float | None:
+    if later is None or earlier is None or earlier <= 0:
+        return None
+    return later / earlier
 
 
 def _evidence(observation: Observation) -> float:

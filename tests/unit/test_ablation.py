@@ -98,7 +98,7 @@ def test_the_bench_runs_the_named_ablations_and_refuses_unknown_names(
         "specpilot:averaged-prefill",
         "specpilot:exploration",
     }
-    assert set(VARIANTS) == {"specpilot:caution-0.5", "specpilot:caution-0"}
+    assert set(VARIANTS) == {"specpilot:caution-1", "specpilot:caution-0"}
     for overrides in TUNED.values():  # each names settings that exist
         replace(TunerSettings(candidates=(EAGLE,)), **overrides)  # type: ignore[arg-type]
     code = specpilot(

@@ -1,7 +1,8 @@
 """A fresh deployment's first move: before the minimum dwell only when it is safe (the target
-holds twice the demand ahead, one sd down) or a move for capacity to no speculation; never for
-capacity into speculation (a slow world's prior overrates what a config never run at a large
-batch holds); after the first switch the dwell holds whatever the load."""
+holds twice the demand ahead, one sd down, or at the mean over a window whose load held steady)
+or a move for capacity to no speculation; never for capacity into speculation (a slow world's
+prior overrates what a config never run at a large batch holds); after the first switch the
+dwell holds whatever the load."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from dataclasses import replace
 from test_latency_objective import COST, EAGLE, NO_SPEC, PRIORS, settings, window
 
 from specpilot.tuner import Decision, SpecConfig, TunerState, decide
-from specpilot.tuner.policy.gate import FIRST_MOVE_HEADROOM, early_first_move
+from specpilot.tuner.policy.gate import FIRST_MOVE_HEADROOM, STEADY_RISE, early_first_move
 from specpilot.tuner.policy.proposal import Proposal
 
 DWELL_WINDOWS = 5
@@ -55,6 +56,7 @@ def test_after_a_switch_a_move_for_capacity_waits_out_the_dwell() -> None:
 def proposal(
     *,
     headroom: float | None,
+    mean_headroom: float | None = None,
     trial: bool = False,
     for_capacity: bool = False,
     config: SpecConfig = EAGLE,
@@ -66,6 +68,7 @@ def proposal(
         gain=0.5,
         why="test",
         headroom=headroom,
+        mean_headroom=mean_headroom,
         trial=trial,
         for_capacity=for_capacity,
     )
@@ -84,6 +87,24 @@ def test_the_early_move_needs_headroom_or_is_for_capacity_to_the_baseline_never_
     moved = replace(fresh, restarts=(0.0,))
     assert not early_first_move(proposal(headroom=10.0), moved)
     assert not early_first_move(to_baseline, moved)
+
+
+def test_over_a_steady_window_the_headroom_is_read_at_the_mean() -> None:
+    """A config never run has its capacity doubted (one sd down); over a window whose load held
+    steady the doubling asked of it is margin enough: a window whose load rose does not say
+    where it stops."""
+    fresh = TunerState.initial(NO_SPEC, 0.0, PRIORS)
+    doubted = proposal(headroom=FIRST_MOVE_HEADROOM * 0.8, mean_headroom=FIRST_MOVE_HEADROOM)
+    assert early_first_move(doubted, fresh, load_rise=1.1)
+    assert early_first_move(doubted, fresh, load_rise=STEADY_RISE)
+    assert not early_first_move(doubted, fresh, load_rise=STEADY_RISE * 1.01)
+    assert early_first_move(doubted, fresh, load_rise=0.5)  # a falling load needs no more room
+    assert not early_first_move(doubted, fresh)  # one window: how the load moved is unknown
+    short = replace(doubted, mean_headroom=FIRST_MOVE_HEADROOM * 0.99)
+    assert not early_first_move(short, fresh, load_rise=1.0)
+    moved = replace(fresh, restarts=(0.0,))
+    assert not early_first_move(doubted, moved, load_rise=1.0)
+    assert not early_first_move(replace(doubted, trial=True), fresh, load_rise=1.0)
 
 
 def test_a_trial_that_must_wait_out_the_dwell_does_not_hold_back_the_first_move() -> None:

@@ -76,6 +76,8 @@ def test_two_consecutive_windows_join_into_the_window_they_span() -> None:
     assert both.acceptance_length == pytest.approx(2.75)  # by drafts: (2 x 100 + 3 x 300) / 400
     assert both.acceptance_per_position == pytest.approx((0.875, 0.55))
     assert both.drafts == 400.0
+    assert both.load_rise == pytest.approx(2.5)  # the later part's tokens/s over the earlier's
+    assert first.load_rise is None  # one window does not say how the load moved inside it
     # the state the window leaves, and the later percentile
     assert both.waiting_requests == 0.0 and both.kv_cache_usage == 0.5
     assert both.tpot_p95_s == 0.02

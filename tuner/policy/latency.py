@@ -135,7 +135,7 @@ def latency_score(
     """`config`'s steady per-token latency at `demand`; overloaded when its capacity is below
     peak_demand x (1 + margin), and then priced at `unit_s` x OVERLOAD_PENALTY x (1 +
     QUEUE_GROWTH x the shortfall) (see `overload_unit`, `overload_factor`). `caution_sd`
-    (`TunerSettings.entry_caution_sd` for a speculative config that never ran, else 0) reads
+    (`latency_proposal.capacity_caution`: for a speculative config that never ran) reads
     the capacity that many sds down, to enter and to price an overload: at the batch its
     capacity is read at, the prior can be well above the truth (a costly speculative path, a
     slow drafter), and a move there must be sure of it.

@@ -193,6 +193,7 @@ def propose_for_latency(
                 and not latency_score(current, curves[current], demand, seen, 0.0, unit).overloaded,
                 detail=detail,
                 headroom=headroom(scores[best_config], peak),
+                mean_headroom=headroom(scores[best_config], peak, sds_down=0.0),
             ),
             None,
         )
@@ -212,6 +213,17 @@ def propose_for_latency(
         ),
         None,
     )
+
+
+OVERLOAD_ENTRY_CAUTION_SD = 1.0
+"""The least sds down a never-run speculative config has its capacity read while the running
+config is overloaded. A move for capacity into a config that proves short lengthens the queue
+for a whole rollout, and a rollout under an overload is slow (each replaced replica holds its
+GPU while it works off its backlog): at half an sd, Azure at peak 1.2 with 4 replicas (surge),
+world 1 moved into EAGLE-3 K=3 read at 4282 tok/s against no speculation's 3704, the rollout
+there and the one back took 818 s and 933 s, and the trace ended at 1.292x no speculation's
+mean E2E, against 1.000 (`specpilot bench ... --replicas 4 --rollout surge --world-seed 1
+--policies specpilot:caution-0.5`, at ae69c40)."""
 
 
 def passed_over(
@@ -263,8 +275,9 @@ def capacity_caution(
 ) -> float:
     """How many sds down a config other than the running one has its capacity read: a
     speculative config that never ran, `TunerSettings.entry_caution_sd` (its capacity is the
-    prior's guess for a drafter and a verify path); no speculation that never ran, one sd up
-    while the running config is overloaded. Before it runs, the baseline's correction is half
+    prior's guess for a drafter and a verify path), and at least `OVERLOAD_ENTRY_CAUTION_SD`
+    while the running config is overloaded; no speculation that never ran, one sd up while the
+    running config is overloaded. Before it runs, the baseline's correction is half
     of what the speculative configs measured (`residual_gp.hardware_offset`), and where the
     speculative path is the slow part that half underrates it: started on EAGLE-3 in world 1
     of Azure at peak 1.2, the tuner read no speculation's capacity at 3078 tok/s against
@@ -274,6 +287,8 @@ def capacity_caution(
     if config in ran:
         return 0.0
     if config.speculative:
+        if running.overloaded:
+            return max(settings.entry_caution_sd, OVERLOAD_ENTRY_CAUTION_SD)
         return settings.entry_caution_sd
     return -1.0 if running.overloaded else 0.0
 
@@ -321,9 +336,9 @@ def unproven_baseline(
     return replace(score, latency_s=score.latency_s * math.exp(score.uncertainty))
 
 
-def headroom(score: LatencyScore, peak: float) -> float:
-    """The config's capacity one sd down over the demand ahead."""
-    return score.capacity * math.exp(-score.uncertainty) / peak if peak > 0 else math.inf
+def headroom(score: LatencyScore, peak: float, sds_down: float = 1.0) -> float:
+    """The config's capacity `sds_down` sd down over the demand ahead."""
+    return score.capacity * math.exp(-sds_down * score.uncertainty) / peak if peak > 0 else math.inf
 
 
 def _within_slo(

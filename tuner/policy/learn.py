@@ -55,6 +55,8 @@ class Belief:
     surrogate: Surrogate
     """The physics prior corrected by the learned residuals, with the estimates' spread."""
     retested: tuple[tuple[str, float], ...] = ()
+    load_rise: float | None = None
+    """`Observation.load_rise` of the window: how far the load moved inside it."""
     """(method, when it drafted nothing) per method this window's belief re-tests."""
 
 
@@ -136,6 +138,7 @@ def learn(
         acceptance=acceptance,
         surrogate=surrogate,
         retested=due,
+        load_rise=observation.load_rise,
     )
 
 

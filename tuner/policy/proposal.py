@@ -49,6 +49,9 @@ class Proposal:
     headroom: float | None = None
     """The config's capacity one sd down over the demand ahead (None: the objective does not
     price capacity): how far the load could rise before the move would need undoing."""
+    mean_headroom: float | None = None
+    """The same at the capacity's mean (`gate.early_first_move` reads it over a steady
+    window)."""
 
 
 Trial = tuple[SpecConfig, Prediction, float, float]

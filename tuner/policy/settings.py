@@ -31,15 +31,14 @@ class TunerSettings:
     capacity_margin: float = 0.2
     """Latency objective: the spare capacity a config must keep over the load ahead. Traffic
     is bursty within a window, and a batch near its capacity waits in queue."""
-    entry_caution_sd: float = 1.0
+    entry_caution_sd: float = 0.5
     """Latency objective: how many sds down a speculative config that never ran here has its
     capacity read, to be entered and to price its overload (its capacity is the physics
     prior's guess, which hides what a world hides from a speculative path: its drafter, its
-    verify overhead, its acceptance). 0 reads the mean. On the Poisson sweep at 0.5-0.9 of
-    capacity (bench/results/entry_caution.md), 0 was better in 9 of 30 cells (by up to 27%)
-    and worse in 2 (by up to 6.4%, over the yardstick's 1.05 bound); 0.5, on
-    Azure at peak 1.2, made world 1 1.311x no speculation's mean E2E (1.799x with 4
-    replicas), against 1.000 at 1."""
+    verify overhead, its acceptance), while the running config keeps up with its load; under
+    an overload at least `latency_proposal.OVERLOAD_ENTRY_CAUTION_SD`. 0 reads the mean. The
+    figures for 0, 0.5 and 1 are in bench/results/entry_caution.md and the yardstick's
+    results."""
     rollout_share: float = 1.0
     """The share of the replicas serving while a rollout replaces them: (replicas -
     maxUnavailable) / replicas, 1 with a surge (maxUnavailable 0). Below 1 the replicas still

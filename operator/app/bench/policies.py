@@ -48,12 +48,12 @@ ADDED = frozenset({"specpilot:exploration"})
 """Ablations that add a component the default leaves off (trials: the operator's
 `tuning.explore`, false unless set, after they paid for themselves in no 4-replica world)."""
 VARIANTS: dict[str, dict[str, object]] = {
-    "specpilot:caution-0.5": {"entry_caution_sd": 0.5},
+    "specpilot:caution-1": {"entry_caution_sd": 1.0},
     "specpilot:caution-0": {"entry_caution_sd": 0.0},
 }
 """SpecPilot with a default set otherwise, by name: what the default's value buys or costs
-(a never-run speculative config's capacity read half an sd down, or at the mean, instead of
-one sd down)."""
+(a never-run speculative config's capacity read one sd down, or at the mean, instead of half
+an sd down; under an overload never less than one sd down, whatever the setting)."""
 TUNED: dict[str, dict[str, object]] = {**ABLATIONS, **VARIANTS}
 """Every policy the tuner runs but the full tuner: the TunerSettings each overrides."""
 HINDSIGHT = "hindsight"
