@@ -296,12 +296,12 @@ class Tuning(ApiModel):
     not measured, or is unsure of, as a trial on a 1-replica canary (taking 1/N of the traffic;
     beside a single replica, all of it, with the replica as the way back), when the trial's
     expected improvement outweighs its expected loss. Off by default: in the bench's 4-replica
-    ablations (bench/results/ablations.md) trials paid for themselves in 2 of 50 world runs
-    and cost in 15; beside one replica they paid where a trial moved it in 10 of 11 Poisson
-    cells and 3 of 4 Azure worlds (cost 8.7% in one), and most other gains there were the
-    spare GPU's capacity while a rejected canary served, not what the trials taught; started
-    on EAGLE-3 K=3, the default start, they paid in 4 of 70 Poisson cells and cost 7.5% in
-    one."""
+    ablations (bench/results/ablations.md) trials paid for themselves in 1 of 50 world runs
+    and cost in 17; beside one replica they paid where a trial moved it in 6 of 7 Poisson
+    cells and 1 of 4 Azure worlds (costing in the other 3), and most other gains there were
+    the spare GPU's capacity while a rejected canary served, not what the trials taught;
+    started on EAGLE-3 K=3, the default start, they paid in 4 of 70 Poisson cells and cost
+    in one."""
     max_surge: int = Field(default=1, ge=0, le=1024)
     """Extra pods a switch may start before old ones stop (the Deployment's rolling update). 1
     keeps full capacity during a switch but needs a spare GPU; with no spare GPU, set 0 and
