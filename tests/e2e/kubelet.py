@@ -82,8 +82,6 @@ class Kubelet:
         self.started_pods: list[str] = []
         """Every pod name ever started, in order (tests read restarts from it)."""
         self.errors: list[str] = []
-        self.timeouts = 0
-        """API calls that timed out and were retried on the next pass."""
         self._http = httpx.Client(base_url=api_url, headers=dict(headers or {}), timeout=10)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kubelet", daemon=True)
@@ -120,7 +118,6 @@ class Kubelet:
                 # server that stays silent is an error.
                 now = time.monotonic()
                 timing_out_since = timing_out_since if timing_out_since is not None else now
-                self.timeouts += 1
                 if now - timing_out_since > API_SILENCE_LIMIT_S:
                     self.errors.append(f"{type(exc).__name__} for {now - timing_out_since:.0f} s")
             except Exception as exc:  # keep the node alive; the test reads `errors`
