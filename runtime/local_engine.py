@@ -85,6 +85,9 @@ class LocalEngine:
     standby_ports: tuple[int, ...] = ()
     """Ports of the warm pool's waiting engines (module docstring); empty: no pool."""
     config: SpecConfig | None = None
+    serving_since: float | None = None
+    """`time.monotonic()` when the engine serving now took the load (`url` moved to it): with a
+    surge, `apply` returns later, once the old engine has finished what it held."""
     restarts: int = 0
     starts: int = 0
     """Start attempts, failed ones included: each writes its own log, so a failed start's log
@@ -142,10 +145,12 @@ class LocalEngine:
             if config == self.config and self._serving():
                 return  # a rollback after a failed start: the serving engine never stopped
             self._apply_pooled(config)
+            self.serving_since = time.monotonic()
         elif not self.surging:
             self.stop()
             self._process = self._start(config, self.launch.port)
             self._port = self.launch.port
+            self.serving_since = time.monotonic()
         elif config == self.config:
             return  # a rollback after a failed surge: the old engine never stopped
         else:
@@ -153,6 +158,7 @@ class LocalEngine:
             port = self.launch.port if self._port == self.surge_port else self.surge_port
             assert port is not None
             self._process, self._port = self._start(config, port), port
+            self.serving_since = time.monotonic()
             self._retire(old, old_url)
         self.config = config
         self.restarts += 1

@@ -210,10 +210,16 @@ def test_a_surge_switch_serves_a_client_that_read_the_old_url_just_before_it(
     load = Load(lambda: engine.url, users=2, connect_after_s=0.5)
     try:
         time.sleep(1.0)
+        called = time.monotonic()
         engine.apply(EAGLE3[0])
+        returned = time.monotonic()
         time.sleep(1.0)
     finally:
         load.stop()
+    # the new engine took the load before apply returned: apply then waits out the old one's
+    # retire grace (the demo's switch record counts from `serving_since`)
+    assert engine.serving_since is not None
+    assert called < engine.serving_since <= returned - engine.retire_grace_s
     assert load.failed == 0 and load.served > 0
     assert engine.retire_grace_s > 0.5  # the margin this test relies on
 

@@ -66,6 +66,8 @@ def test_short_demo_writes_plot_and_summary_and_cleans_up(tmp_path: Path) -> Non
     assert realtime["tokens_per_s"] > 0 and realtime["completed"] > 0
     assert any(t["reason"] for t in summary["ticks"])
     assert summary["switches"][0]["config"] == "no speculation"
+    # the default rollout is a surge: the load generator follows the new engine's port
+    assert summary["setup"]["rollout"] == "surge" and summary["requests"]["http_errors"] == 0
     assert "| specpilot | real time" in (out / "summary.md").read_text()
     # Not a terminal: one plain line per tick, no ANSI redraws.
     assert "\x1b[" not in done.stdout and "t=" in done.stdout

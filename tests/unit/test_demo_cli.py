@@ -5,12 +5,14 @@ a stand-in that fails the test if the demo gets as far as making it."""
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pytest
 
 from specpilot.operator.app.cli import main
 from specpilot.operator.app.demo import command
+from specpilot.runtime.local_engine import LocalEngine as RealLocalEngine
 
 
 class EngineReached(Exception):
@@ -64,3 +66,49 @@ def test_the_edges_that_make_sense_pass_the_checks(tmp_path: Path) -> None:
     flags = ["--min-dwell", "0", "--load-delay", "0", "--restart-budget", "0"]
     with pytest.raises(EngineReached):
         main(["demo", "--out", str(tmp_path / "out"), *flags])
+
+
+@pytest.mark.parametrize("rollout", ["surge", "restart"])
+def test_the_rollout_picks_how_the_local_engine_switches(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, rollout: str
+) -> None:
+    """Surge (the default, as a SpecDeployment's) gives the engine a second port of its own;
+    a restart has none."""
+    seen: dict[str, object] = {}
+
+    def record(**kwargs: object) -> None:
+        seen.update(kwargs)
+        raise EngineReached
+
+    monkeypatch.setattr(command, "LocalEngine", record)
+    flags = [] if rollout == "surge" else ["--rollout", "restart"]
+    with pytest.raises(EngineReached):
+        main(["demo", "--out", str(tmp_path / "out"), *flags])
+    launch = seen["launch"]
+    assert isinstance(launch, command.LaunchSettings)
+    if rollout == "surge":
+        assert isinstance(seen["surge_port"], int) and seen["surge_port"] != launch.port
+    else:
+        assert seen["surge_port"] is None
+
+
+@pytest.mark.parametrize("rollout", ["surge", "restart"])
+def test_fast_mode_rolls_as_the_local_engine_does(tmp_path: Path, rollout: str) -> None:
+    """No preStop sleep for a local process; a restart drops what it holds (drain 0), a surge's
+    old engine finishes it within the engine's own drain."""
+    ns = command_line(["--out", str(tmp_path), "--rollout", rollout])
+    launch = command.LaunchSettings(model="m", served_model_name="m", port=1, sidecar_dir="d")
+    engine = RealLocalEngine(
+        engine="vllm", program=[], launch=launch, surge_port=2 if rollout == "surge" else None
+    )
+    trace = command.stretch(command.parse_trace(command.DEMO_DAY, "demo-day"), 40.0)
+    setup = command.fast_mode_setup(ns, trace, engine)
+    assert setup.rollout == rollout and setup.pre_stop_s == 0.0 and setup.replicas == 1
+    assert setup.drain_s == (engine.drain_s if rollout == "surge" else 0.0)
+    assert setup.duration_s == 40.0 and setup.requests
+
+
+def command_line(flags: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    command.add_parser(parser.add_subparsers())
+    return parser.parse_args(["demo", *flags])

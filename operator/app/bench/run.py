@@ -81,6 +81,14 @@ class Setup:
     rollout: Rollout = "surge"
     seed: int = 0
     tuning: Tuning = Tuning()
+    pre_stop_s: float = PRE_STOP_SLEEP_S
+    """How long a stopped replica serves what it holds before it is told to stop: the
+    operator's pod preStop sleep by default; a local engine process has none (`specpilot
+    demo`)."""
+    drain_s: float = DRAIN_S
+    """How long a stopped replica may then finish what it holds before the client retries the
+    rest elsewhere: the operator's drain by default; 0 for a local process restart, which drops
+    its requests in flight."""
 
 
 @dataclass(slots=True)
@@ -111,8 +119,8 @@ def run_policy(setup: Setup, world_seed: int, policy: StaticPolicy | str) -> Pol
         rollout=setup.rollout,
         start_time_s=world.start_time_s(setup.tuning.start_s),
         seed=setup.seed,
-        pre_stop_s=PRE_STOP_SLEEP_S,
-        drain_s=DRAIN_S,
+        pre_stop_s=setup.pre_stop_s,
+        drain_s=setup.drain_s,
     )
     configs: list[str] = []
     decisions: list[str] = []

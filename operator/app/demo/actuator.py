@@ -5,7 +5,8 @@ Contract: `RecordingActuator` is an `Actuator` for `ControlLoop` that delegates 
 ready. Before a process is stopped (a switch, or `close()`) it reads that process's
 `request_time_per_output_token` histogram once and adds it to a run-wide total, so the
 per-token latency of the whole real-time run survives the restarts (each new process counts
-from zero). Requests that finish between that last read and the kill are not counted.
+from zero). Requests that finish between that last read and the kill are not counted (with a
+surge, those the old process finishes after the load moved).
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ class Switch:
     started_s: float
     """When the restart began (the old process was still serving until then)."""
     ready_s: float
-    """When the new process answered /health."""
+    """When the new process took the load (it answered /health; with a surge, the old one
+    then finishes what it holds)."""
     config: SpecConfig
 
 
@@ -70,7 +72,10 @@ class RecordingActuator:
             self.engine.apply(config)
         finally:
             self.restarting = False
-        self.switches.append(Switch(started, self.clock(), config))
+        ready = self.clock()
+        if self.engine.serving_since is not None:  # a surge returns after the old one drains
+            ready -= time.monotonic() - self.engine.serving_since
+        self.switches.append(Switch(started, ready, config))
 
     def observe(self, window_s: float) -> Observation:
         return self.engine.observe(window_s)

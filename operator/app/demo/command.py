@@ -10,6 +10,13 @@ config, vLLM's EAGLE-3 table and SpecPilot through the same `ControlLoop` (demo/
 the end it writes `summary.md`, `summary.json` and `plot.png` to `--out`, and prints the
 summary. The engine process is stopped on every exit path (SIGTERM included).
 
+Rollout (`--rollout`): `surge` (the default, as a SpecDeployment's: maxSurge 1, maxUnavailable
+0, a spare GPU) starts the new config's emulator beside the serving one and moves the load
+generator to it once it is healthy; the old one finishes what it holds and stops
+(`LocalEngine.surge_port`). `restart` stops the engine, dropping its requests in flight (the
+load generator sends them again), and starts the new one: one GPU, no spare. Fast mode rolls
+the same way: a local process has no preStop sleep, and a restart drops what it holds.
+
 Timing: the traffic is compressed (a day's shape in ~3 minutes), and so is the tuner's timing:
 production-like defaults (10 s windows, 300 s minimum dwell, 60 s restarts, 900 s expected
 dwell) become 5 s, 15 s, ~3 s and 45 s here. The physics (step times, acceptance) is not
@@ -23,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import multiprocessing
@@ -73,6 +81,9 @@ DEMO_DAY = """t,rps,chat,code,summarize
 180,0,1,0,0
 """
 SERVED = "llama"
+DEMO_ROLLOUTS = ("surge", "restart")
+"""The local actuator's two ways to switch (`LocalEngine`): beside the serving engine, or in
+its place. One-at-a-time needs replicas; the demo runs one engine."""
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -90,6 +101,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     parser.add_argument("--seed", type=int, default=0, help="arrivals and acceptance draws")
     parser.add_argument("--gpu", default="H100", help="GPU class emulated and priced")
     parser.add_argument("--model-profile", default="llama-3.1-8b", help="model emulated")
+    parser.add_argument(
+        "--rollout",
+        default="surge",
+        choices=DEMO_ROLLOUTS,
+        help="surge: the new engine starts beside the serving one (a spare GPU); restart: "
+        "the engine stops, then the new one starts",
+    )
     parser.set_defaults(run=run)
 
 
@@ -108,10 +126,51 @@ def phase_of(row: TraceRow) -> str:
     return f"{load}, {label}" if share >= 0.75 else f"{load}, mixed"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def _free_ports(count: int) -> list[int]:
+    """`count` distinct ports free now (each socket held until all are picked)."""
+    with contextlib.ExitStack() as stack:
+        ports = []
+        for _ in range(count):
+            sock = stack.enter_context(socket.socket())
+            sock.bind(("127.0.0.1", 0))
+            ports.append(int(sock.getsockname()[1]))
+        return ports
+
+
+def fast_mode_setup(ns: argparse.Namespace, trace: Trace, engine: LocalEngine) -> Setup:
+    """The real-time run's requests, timings and switches, for the fast-mode runs: the same
+    sequence the load generator sends (`plan_requests` draws it), and stopped engines that roll
+    as the local engine's processes do (no preStop sleep; a restart drops what it holds, a
+    surge's old engine finishes it within `LocalEngine.drain_s`)."""
+    return Setup(
+        gpu=ns.gpu,
+        profile=ns.model_profile,
+        engine="vllm",
+        requests=requests_from_rates(trace, ns.seed),
+        duration_s=trace.duration_s,
+        window_s=ns.window,
+        replicas=1,
+        rollout=ns.rollout,
+        seed=ns.seed,
+        tuning=Tuning(
+            start_s=ns.load_delay + 1.0,  # the load delay plus ~1 s of process start
+            min_dwell_s=ns.min_dwell,
+            restart_budget_per_hour=ns.restart_budget,
+            expected_dwell_s=3 * ns.min_dwell,
+            slo_tpot_p95_s=ns.slo_tpot_ms / 1e3,
+        ),
+        pre_stop_s=0.0,
+        drain_s=engine.drain_s if engine.surge_port is not None else 0.0,
+    )
+
+
+def emulator_program(ns: argparse.Namespace) -> list[str]:
+    """The emulator's command line before the engine arguments the adapter renders."""
+    return [
+        sys.executable, "-m", "specpilot.operator.app.cli", "emulate", "--engine", "vllm",
+        "--gpu", ns.gpu, "--model-profile", ns.model_profile,
+        "--load-delay", str(ns.load_delay), "--seed", str(ns.seed),
+    ]  # fmt: skip
 
 
 def _tick_dict(record: TickRecord, trace: Trace, config: SpecConfig) -> dict[str, Any]:
@@ -160,44 +219,27 @@ def run(ns: argparse.Namespace) -> int:
     _check(ns)
     trace = load_trace(ns.trace) if ns.trace else parse_trace(DEMO_DAY, "demo-day")
     trace = stretch(trace, ns.duration)
-    # The requests the load generator sends (plan_requests draws the same sequence).
-    bench_setup = Setup(
-        gpu=ns.gpu,
-        profile=ns.model_profile,
+    port, surge_port = _free_ports(2)
+    engine = LocalEngine(
         engine="vllm",
-        requests=requests_from_rates(trace, ns.seed),
-        duration_s=trace.duration_s,
-        window_s=ns.window,
-        replicas=1,
-        rollout="restart",  # one engine process, stopped and started per switch
-        seed=ns.seed,
-        tuning=Tuning(
-            start_s=ns.load_delay + 1.0,  # the load delay plus ~1 s of process start
-            min_dwell_s=ns.min_dwell,
-            restart_budget_per_hour=ns.restart_budget,
-            expected_dwell_s=3 * ns.min_dwell,
-            slo_tpot_p95_s=ns.slo_tpot_ms / 1e3,
+        program=emulator_program(ns),
+        launch=LaunchSettings(
+            model="/models/llama-3.1-8b",
+            served_model_name=SERVED,
+            host="127.0.0.1",
+            port=port,
+            sidecar_dir=tempfile.mkdtemp(prefix="specpilot-demo-"),
         ),
+        start_timeout_s=60,
+        surge_port=surge_port if ns.rollout == "surge" else None,
     )
+    bench_setup = fast_mode_setup(ns, trace, engine)
     out = Path(ns.out)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ConfigError("--out", ns.out, "a folder that can be made", str(exc)) from None
     view = LiveView()
-    launch = LaunchSettings(
-        model="/models/llama-3.1-8b",
-        served_model_name=SERVED,
-        host="127.0.0.1",
-        port=_free_port(),
-        sidecar_dir=tempfile.mkdtemp(prefix="specpilot-demo-"),
-    )
-    program = [
-        sys.executable, "-m", "specpilot.operator.app.cli", "emulate", "--engine", "vllm",
-        "--gpu", ns.gpu, "--model-profile", ns.model_profile,
-        "--load-delay", str(ns.load_delay), "--seed", str(ns.seed),
-    ]  # fmt: skip
-    engine = LocalEngine(engine="vllm", program=program, launch=launch, start_timeout_s=60)
     origin = [time.monotonic()]  # reset when the trace starts
 
     def clock() -> float:
@@ -215,7 +257,8 @@ def run(ns: argparse.Namespace) -> int:
         loop.start()
         origin[0] = time.monotonic()  # the trace starts once the first engine serves
         actuator.switches[:] = [Switch(0.0, 0.0, loop.state.current)]
-        generator = LoadGenerator(url=engine.url, model=SERVED)
+        # a surge moves the engine's port with each switch: the generator reads it per request
+        generator = LoadGenerator(url=lambda: engine.url, model=SERVED)
         planned = plan_requests(trace, ns.seed)
         ticks = asyncio.run(_live(loop, generator, planned, trace, view, actuator, origin[0]))
         actuator.close()
@@ -241,6 +284,7 @@ def run(ns: argparse.Namespace) -> int:
         "window_s": ns.window,
         "min_dwell_s": tuning.min_dwell_s,
         "expected_dwell_s": tuning.expected_dwell_s,
+        "rollout": ns.rollout,
         "restart_downtime_s": tuning.start_s,
         "restart_budget": tuning.restart_budget_per_hour,
         "load_delay_s": ns.load_delay,

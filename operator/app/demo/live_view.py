@@ -84,7 +84,7 @@ class LiveView:
         done = min(1.0, frame.elapsed_s / frame.duration_s) if frame.duration_s else 1.0
         bar = "#" * round(30 * done) + "." * (30 - round(30 * done))
         colour = REGIME_COLOURS.get(frame.regime, "")
-        state = " (restarting...)" if frame.switching else ""
+        state = " (switching...)" if frame.switching else ""
         return [
             f"{BOLD}SpecPilot demo{RESET}  H100 x Llama-3.1-8B (emulated, vLLM dialect, real time)",
             f"trace  [{bar}] {frame.elapsed_s:5.1f}/{frame.duration_s:.0f}s  phase: "

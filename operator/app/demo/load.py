@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -67,8 +68,9 @@ class LoadStats:
 
 @dataclass(kw_only=True)
 class LoadGenerator:
-    url: str
-    """Base URL of the engine, e.g. http://127.0.0.1:8000."""
+    url: Callable[[], str]
+    """The engine's base URL now, e.g. http://127.0.0.1:8000, read per request (a surge moves
+    it to the new engine's port)."""
     model: str
     stats: LoadStats = field(default_factory=LoadStats)
 
@@ -114,7 +116,7 @@ class LoadGenerator:
             while time.monotonic() - start < end_s:
                 attempts += 1
                 try:
-                    async with client.post(f"{self.url}/v1/completions", json=body) as response:
+                    async with client.post(f"{self.url()}/v1/completions", json=body) as response:
                         if response.status != 200:
                             self.stats.errors += 1
                             return

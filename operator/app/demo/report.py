@@ -185,8 +185,17 @@ def _table_row(row: Mapping[str, Any]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
+ROLLOUT_WORDS = {
+    "surge": "each switch starts the new engine beside the serving one (a spare GPU, as a "
+    "SpecDeployment's default surge rollout) and moves the load to it once it is healthy",
+    "restart": "each switch stops the engine, dropping its requests in flight (the load "
+    "generator sends them again), and starts the new one (no spare GPU)",
+}
+
+
 def summary_markdown(summary: Mapping[str, Any]) -> str:
     setup = summary["setup"]
+    rollout = setup.get("rollout", "restart")  # summaries written before --rollout restarted
     tiers = ", ".join(
         f"{name} {t['ttft_ms']:g} ms / {t['tpot_ms']:g} ms"
         for name, t in summary["slo_tiers"].items()
@@ -197,14 +206,15 @@ def summary_markdown(summary: Mapping[str, Any]) -> str:
         f"{setup['gpu']} x {setup['model_profile']}, emulated {setup['engine']} dialect; trace "
         f"`{setup['trace']}` over {setup['duration_s']:.0f} s, seed {setup['seed']}; tuner "
         f"window {setup['window_s']:.0f} s, minimum dwell {setup['min_dwell_s']:.0f} s, "
-        f"restart budget {setup['restart_budget']}, restart {setup['restart_downtime_s']:.0f} s, "
-        f"per-token latency target {setup['slo_tpot_ms']:.0f} ms.",
+        f"restart budget {setup['restart_budget']}, engine start "
+        f"{setup['restart_downtime_s']:.0f} s, per-token latency target "
+        f"{setup['slo_tpot_ms']:.0f} ms; {ROLLOUT_WORDS[rollout]}.",
         "",
         "Fast-mode rows are the same requests run in simulated time by the bench "
-        "(`specpilot bench`'s run on the nominal world, one engine restarted per switch): every "
-        "static config, vLLM's EAGLE-3 per-batch table, and SpecPilot through the operator's "
-        "own control loop. The real-time row is SpecPilot driving the emulator in real time "
-        "through the local actuator (process restarts included), measured by the load "
+        "(`specpilot bench`'s run on the nominal world, switching as the real-time run does): "
+        "every static config, vLLM's EAGLE-3 per-batch table, and SpecPilot through the "
+        "operator's own control loop. The real-time row is SpecPilot driving the emulator in "
+        "real time through the local actuator (its switches included), measured by the load "
         "generator.",
         "",
         f"SLO attained: the share of all requests whose TTFT and TPOT both meet the tier ({tiers}"
@@ -241,8 +251,9 @@ def summary_markdown(summary: Mapping[str, Any]) -> str:
         "",
         "Best static config in fast mode (lowest mean E2E latency): "
         f"{summary['best_static_fast_mode']}. "
-        f"Real-time restarts took {_cell(summary['measured_restart_s_mean'])} s on average; "
-        f"{requests['resent_after_restart']} sends were repeated after a restart dropped them.",
+        f"Real-time switches took {_cell(summary['measured_restart_s_mean'])} s on average "
+        "(until the new engine served); "
+        f"{requests['resent_after_restart']} sends were repeated after a switch dropped them.",
         "",
         "## Switches (real time)",
         "",
