@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from specpilot.runtime.engines import LaunchSettings, get_adapter
+from specpilot.runtime.engines.vllm import CPU_ONE_CORE_ENV
 from specpilot.tuner import SpecConfig
 
 BENCH = str(Path(__file__).resolve().parent)
@@ -105,22 +106,11 @@ of RAM (`free` with four up: 10.3 GB used against 1.9 idle), so eleven (a pool r
 at 0.25 GiB one server's worker held 0.97 GB against 1.76."""
 
 
-EXECUTORS: dict[str, dict[str, str]] = {
-    "uni": {
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-        "OMP_NUM_THREADS": "1",
-        "NUMBA_NUM_THREADS": "1",
-    },
-    "mp": {},
-}
-"""How each server's engine core runs its model, as environment: `uni` keeps the worker inside
-the engine-core process on one OpenMP thread (the CPU platform switches vLLM's one-worker
-executor to `mp` unless VLLM_ENABLE_V1_MULTIPROCESSING is 0: vllm/platforms/cpu.py) and the
-n-gram drafter's numba on one thread (with two, the second spins on the core the API server
-and the clients need); `mp` is vLLM's CPU default, a worker process bound to one core whose
-engine core busy-waits on the shared-memory queue for every step's output (SpinCondition in
-vllm/distributed/device_communicators/shm_broadcast.py): on 2 cores that leaves the API server
-and the clients a fraction of one core, and a concurrency-32 phase measured the frontend
+EXECUTORS: dict[str, dict[str, str]] = {"uni": dict(CPU_ONE_CORE_ENV), "mp": {}}
+"""How each server's engine core runs its model, as environment: `uni` keeps the model inside
+the engine-core process on one thread (`CPU_ONE_CORE_ENV`, which says why); `mp` is vLLM's CPU
+default, a worker process bound to one core whose engine core busy-waits on it for every
+step's output: on 2 cores a concurrency-32 phase then measured the frontend
 (bench/results/engine_batch.md, which measures each variant)."""
 
 

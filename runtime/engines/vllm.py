@@ -28,6 +28,19 @@ from specpilot.runtime.engines.base import (
 )
 from specpilot.tuner import ConfigError, ScheduleTier, SpecConfig, SpecMethod
 
+CPU_ONE_CORE_ENV: Mapping[str, str] = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "OMP_NUM_THREADS": "1",
+    "NUMBA_NUM_THREADS": "1",
+}
+"""Environment that runs the CPU build's model inside the engine-core process on one OpenMP
+thread, and the n-gram drafter's numba on one thread. The CPU platform switches vLLM's
+one-worker executor to a worker process unless VLLM_ENABLE_V1_MULTIPROCESSING is 0
+(vllm/platforms/cpu.py), and that engine core busy-waits on the worker's shared-memory queue
+for every step (SpinCondition in vllm/distributed/device_communicators/shm_broadcast.py): on
+2 cores the API server and its clients are left a fraction of one core (bench/real_vllm.py's
+`uni` executor; bench/results/engine_batch.md measures both)."""
+
 CAPABILITIES: Mapping[str, MethodSupport] = {
     "ngram": MethodSupport("ngram", "forbidden", schedule=True, prompt_lookup=True),
     "suffix": MethodSupport("suffix", "forbidden", schedule=True),

@@ -17,6 +17,7 @@ import pytest
 from specpilot.operator.api.spec import decode_spec
 from specpilot.operator.kube.children import DRAIN_S, SHUTDOWN_SLACK_S, container_args
 from specpilot.runtime.engines import get_adapter
+from specpilot.runtime.engines.vllm import CPU_ONE_CORE_ENV
 from specpilot.tuner import SpecConfig
 
 from conftest import OFFLINE_ENV, VLLM_PYTHON, Process, free_port, require, start, wait_http_ok
@@ -29,11 +30,6 @@ MAX_TOKENS = 2000
 the tiny model's server busy for about 6 s (one token per step, 2.9 ms a step at 16 running:
 the step-time fit in bench/results/real_vllm.md), long past the SIGTERM, which is sent as soon
 as the API server has handed all of them to the engine."""
-ONE_CORE_ENGINE = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1"}
-"""The model on one thread inside the engine-core process (bench/real_vllm.py's `uni`): under
-vLLM's CPU default the engine core busy-waits on a worker process, and on two cores the API
-server then admits one request at a time (a CI run at 5816572 did: each added 3 s after the
-one before, so none was in flight at the SIGTERM)."""
 READ_TIMEOUT_S = 60.0
 """A request silent this long is cut: vLLM's abort can leave a connection open without a byte."""
 
@@ -93,7 +89,10 @@ def _serve_and_terminate(
     adapter = get_adapter("vllm")
     args = container_args(spec, SpecConfig())
     command = adapter.program(str(require(VLLM_PYTHON))) + args
-    env = {**OFFLINE_ENV, "VLLM_CPU_KVCACHE_SPACE": "1", **ONE_CORE_ENGINE}
+    # Under vLLM's CPU default the API server on two cores admits one request at a time (a CI
+    # run at 5816572 did: each added 3 s after the one before, so none was in flight at the
+    # SIGTERM): the model runs inside the engine-core process on one thread instead.
+    env = {**OFFLINE_ENV, "VLLM_CPU_KVCACHE_SPACE": "1", **CPU_ONE_CORE_ENV}
     process: Process = start(command, tmp_path / "server.log", env)
     try:
         url = f"http://127.0.0.1:{port}"

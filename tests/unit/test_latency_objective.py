@@ -229,7 +229,8 @@ def test_a_stay_names_the_faster_config_its_capacity_rules_out() -> None:
     assert "not yet run on the main replicas" in held.reason, held.reason
     figures = re.search(
         r"at ([\d.]+) ms/token vs ([\d.]+) now, but its capacity, (\d+) tok/s \((\d+) "
-        r"predicted.*short of the (\d+) the load ahead needs \((\d+) with",
+        r"predicted.*short of the (\d+) the load ahead needs with a 140% margin \((\d+) "
+        r"without\)",
         held.reason,
     )
     assert figures is not None, held.reason

@@ -266,7 +266,7 @@ def passed_over(
         f"{config.describe()} would serve the {demand:.0f} tok/s offered at "
         f"{tpot * 1e3:.1f} ms/token vs {running.tpot_s * 1e3:.1f} now, but its capacity, "
         f"{sure:.0f} tok/s ({read}), is short of the {max(demand, peak) * (1 + margin):.0f} "
-        f"the load ahead needs ({max(demand, peak):.0f} with a {margin:.0%} margin)"
+        f"the load ahead needs with a {margin:.0%} margin ({max(demand, peak):.0f} without)"
     )
 
 
