@@ -1139,6 +1139,9 @@ def run(plan: Plan, ns: argparse.Namespace, log: Callable[[str], None], started:
                 ],
                 "settings": {
                     "window_s": ns.slot_seconds - 1.0,
+                    # the tuner's own spacing of decisions (its trend and trial span), left at
+                    # its default: SpecPilot's ticks come one round of slots apart
+                    "tuner_window_s": settings.window_s,
                     "min_dwell_s": ns.min_dwell,
                     "restart_budget_per_hour": ns.restart_budget,
                     "restart_downtime_s": round(lost_per_switch_s, 1),
