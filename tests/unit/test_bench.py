@@ -154,6 +154,7 @@ def test_the_demo_summary_shows_latency_attainment_and_restarts_side_by_side(
         "min_dwell_s": 30.0,
         "restart_budget": 4,
         "restart_downtime_s": 20.0,
+        "rollout": "restart",
         "slo_tpot_ms": 50.0,
     }
     summary = build_summary(
@@ -165,6 +166,7 @@ def test_the_demo_summary_shows_latency_attainment_and_restarts_side_by_side(
     realtime_line = next(line for line in text.splitlines() if f"| {REAL_TIME} |" in line)
     assert realtime_line.count(NOT_SEEN) == 5  # TTFT, TPOT and the three tiers
     assert "non-streaming" in text
+    assert "each switch stops the engine" in text  # the rollout is named
 
 
 def test_every_policy_is_scored_at_the_traces_end() -> None:

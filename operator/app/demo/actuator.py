@@ -31,7 +31,7 @@ TPOT_SERIES = {
 @dataclass(frozen=True, slots=True)
 class Switch:
     started_s: float
-    """When the restart began (the old process was still serving until then)."""
+    """When the switch began (the old process was still serving until then)."""
     ready_s: float
     """When the new process took the load (it answered /health; with a surge, the old one
     then finishes what it holds)."""

@@ -195,7 +195,6 @@ ROLLOUT_WORDS = {
 
 def summary_markdown(summary: Mapping[str, Any]) -> str:
     setup = summary["setup"]
-    rollout = setup.get("rollout", "restart")  # summaries written before --rollout restarted
     tiers = ", ".join(
         f"{name} {t['ttft_ms']:g} ms / {t['tpot_ms']:g} ms"
         for name, t in summary["slo_tiers"].items()
@@ -208,7 +207,7 @@ def summary_markdown(summary: Mapping[str, Any]) -> str:
         f"window {setup['window_s']:.0f} s, minimum dwell {setup['min_dwell_s']:.0f} s, "
         f"restart budget {setup['restart_budget']}, engine start "
         f"{setup['restart_downtime_s']:.0f} s, per-token latency target "
-        f"{setup['slo_tpot_ms']:.0f} ms; {ROLLOUT_WORDS[rollout]}.",
+        f"{setup['slo_tpot_ms']:.0f} ms; {ROLLOUT_WORDS[setup['rollout']]}.",
         "",
         "Fast-mode rows are the same requests run in simulated time by the bench "
         "(`specpilot bench`'s run on the nominal world, switching as the real-time run does): "
