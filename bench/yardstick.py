@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from specpilot.operator.app.bench.command import head_commit
-from specpilot.operator.app.bench.policies import HINDSIGHT, SPECPILOT
+from specpilot.operator.app.bench.policies import HANDOVER, HINDSIGHT, SPECPILOT
 from specpilot.operator.app.bench.report import against_fixed, markdown, settled_against_static
 from specpilot.operator.app.cli import main as specpilot
+from specpilot.operator.kube.children import DRAIN_S
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # Hindsight within 1% of the best fixed policy is the noise of a per-window pick, not room.
@@ -95,6 +96,8 @@ def render(name: str, report: Mapping[str, Any]) -> str:
         *against_fixed_lines(traffics),
         *settled_lines(traffics),
     ]
+    if any(HANDOVER in w["policies"] for t in traffics for w in t["worlds"]):
+        text += [HANDOVER_WORDS, *against_fixed_lines(traffics, HANDOVER)]
     if "capacity_at_90pct_attainment" in report:
         text.append("\nCapacity at 90% standard-tier attainment (req/s):\n")
         for policy, rate in report["capacity_at_90pct_attainment"].items():
@@ -102,20 +105,33 @@ def render(name: str, report: Mapping[str, Any]) -> str:
     return "\n".join(text) + "\n"
 
 
-def against_fixed_lines(traffics: Sequence[Mapping[str, Any]]) -> list[str]:
-    """SpecPilot's mean E2E latency against the best fixed policy (static configs and engine
-    baselines) of each world: per traffic, and for a sweep also pooled over its rates. Beside
-    it, the room there was to win: the worlds where hindsight (each window's best static
-    config, switched for free) has a ratio to the best fixed policy under `ROOM`. Where hindsight
-    is not, a single static config serves that world's traffic as well as switching can, and a
-    tuner that pays for its switches can at best tie."""
+HANDOVER_WORDS = (
+    f"\n`{HANDOVER}` is SpecPilot in the same worlds with each surge counted without the "
+    "spare GPU's drain: the replica a switch stops hands the requests it holds to its "
+    "replacement (progress kept) instead of finishing them beside it. Under a queue that drain "
+    f"is a second GPU serving for up to {DRAIN_S:.0f} s after each switch, which the static "
+    "configs, never "
+    "rolling, do not get; this count is what the tuning alone is worth.\n"
+)
+
+
+def against_fixed_lines(
+    traffics: Sequence[Mapping[str, Any]], policy: str = SPECPILOT
+) -> list[str]:
+    """`policy`'s (SpecPilot's) mean E2E latency against the best fixed policy (static configs
+    and engine baselines) of each world: per traffic, and for a sweep also pooled over its
+    rates. Beside it, the room there was to win: the worlds where hindsight (each window's best
+    static config, switched for free) has a ratio to the best fixed policy under `ROOM`. Where
+    hindsight is not, a single static config serves that world's traffic as well as switching
+    can, and a tuner that pays for its switches can at best tie."""
+    name = "SpecPilot" if policy == SPECPILOT else f"`{policy}`"
     lines = [
-        "\nSpecPilot against the fixed policies (every static config and engine baseline), "
+        f"\n{name} against the fixed policies (every static config and engine baseline), "
         "world by world: the worlds where its mean E2E latency is below all of them, and its "
         "ratio to the best of them in each world (min / median / max). The room to win: the "
         f"worlds where hindsight is more than {1 - ROOM:.0%} below all of them, and its median "
         "ratio; where it is not, one static config serves the world as well as free switches "
-        "do. Last, SpecPilot's count among the worlds with room.\n",
+        f"do. Last, {name}'s count among the worlds with room.\n",
         "| traffic | worlds below every fixed policy | ratio to the best fixed: min | median "
         f"| max | room: hindsight below by more than {1 - ROOM:.0%} | hindsight's ratio: median "
         "| below every fixed where there was room |",
@@ -129,7 +145,7 @@ def against_fixed_lines(traffics: Sequence[Mapping[str, Any]]) -> list[str]:
         ]
         rows.append(("all rates pooled (the overloaded rates' queues dominate it)", pooled))
     for label, worlds in rows:
-        found = against_fixed(worlds)
+        found = against_fixed(worlds, policy)
         if found is None:
             continue
         ratio = found["ratio_to_best_fixed"]
@@ -142,22 +158,24 @@ def against_fixed_lines(traffics: Sequence[Mapping[str, Any]]) -> list[str]:
                 if room is None
                 else f"{room['below_every_fixed']} of {room['worlds']} | "
                 f"{room['ratio_to_best_fixed']['median']:.3f} | "
-                "{} of {} |".format(*wins_where_room(worlds))
+                "{} of {} |".format(*wins_where_room(worlds, policy))
             )
         )
     return lines
 
 
-def wins_where_room(worlds: Sequence[Mapping[str, Any]]) -> tuple[int, int]:
+def wins_where_room(
+    worlds: Sequence[Mapping[str, Any]], policy: str = SPECPILOT
+) -> tuple[int, int]:
     """Of the worlds with room to win (hindsight's ratio to the best fixed policy under
-    `ROOM`), how many SpecPilot is below every fixed policy in, and how many there are."""
+    `ROOM`), how many `policy` is below every fixed policy in, and how many there are."""
 
     def under(world: Mapping[str, Any], policy: str, below: float) -> bool:
         found = against_fixed([world], policy, below=below)
         return found is not None and found["below_every_fixed"] == 1
 
     room = [w for w in worlds if under(w, HINDSIGHT, ROOM)]
-    return sum(under(w, SPECPILOT, 1.0) for w in room), len(room)
+    return sum(under(w, policy, 1.0) for w in room), len(room)
 
 
 def settled_lines(traffics: Sequence[Mapping[str, Any]]) -> list[str]:

@@ -27,7 +27,12 @@ is the simulated time.
   keeping its arrival time, so its wait counts in its latency; tokens streamed before the stop
   are lost to the user. A replica's pod waits for a free GPU (`replicas`, one more with
   surge), so a rollout waits for each stopped replica's exit before the next one starts
-  where no GPU is spare.
+  where no GPU is spare. A surge's stopped replica finishes its queue on the spare GPU while
+  its replacement serves new arrivals: under a queue, two GPUs serve for up to the drain, a
+  capacity no replica count without rollouts has. `surge_handover` counts the rollout without
+  it: the stopped replica's requests move to the balancer with their progress (as if the new
+  config took them over in place) and its GPU is free at once; the spare GPU only loads the
+  model.
 - Trials (`TrialActuator`: `apply_trial`, `canary_share`, `trial_observation`), as
   `KubeActuator` runs them: with two or more replicas a trial's config first runs on a canary
   that takes one replica's place, so a trial never serves on more replicas than the static
@@ -148,6 +153,7 @@ class EmulatedDeployment:
         full_load_window_s: float = WINDOW_S,
         pre_stop_s: float = 0.0,
         drain_s: float = 0.0,
+        surge_handover: bool = False,
     ) -> None:
         if replicas < 1:
             raise ValueError(f"replicas={replicas}: allowed 1 or more")
@@ -159,6 +165,7 @@ class EmulatedDeployment:
         self.start_time_s = start_time_s
         self.pre_stop_s = pre_stop_s
         self.drain_s = drain_s
+        self.surge_handover = surge_handover
         self._gpus = replicas + (1 if rollout == "surge" else 0)
         self.now = 0.0
         self.restarts = 0
@@ -503,9 +510,19 @@ class EmulatedDeployment:
         self._await_gpu()
         new = self._start_replica(config, ready_at=self.now + self.start_time_s)
         self.run_until(self._replicas[new].ready_at)
-        if self.rollout == "surge":
+        if self.rollout == "surge" and self.surge_handover:
+            self._hand_over(rid)
+        elif self.rollout == "surge":
             self._stop_replica(rid)
         return new
+
+    def _hand_over(self, rid: int) -> None:
+        """The capacity-neutral count of a surge (`surge_handover`): the stopped replica's
+        requests go back through the balancer with their progress, as if the replacement took
+        them over in place, and its GPU is free at once."""
+        replica = self._replicas.pop(rid)
+        for request in [*replica.core.running, *replica.core.waiting]:
+            self._dispatch(request)
 
     def _start_canary(self, config: SpecConfig) -> int:
         """Start the canary in the last replica's place (`_replace`'s order), so that a trial

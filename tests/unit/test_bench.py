@@ -1,15 +1,25 @@
 """Fast mode over a rate curve through the bench's `run_policy` (operator/app/bench/run.py), and
 the demo's summary built on it: a static policy serves a quiet trace whole, speculation at low
 load gives faster tokens, a restart's downtime shows as latency for the requests that waited,
-the demo's load generator and the bench draw the same requests, and the real-time row reports
-what a non-streaming client measured and nothing else. Simulated time only."""
+the demo's load generator and the bench draw the same requests, the real-time row reports
+what a non-streaming client measured and nothing else, a fixed schedule switches where it says,
+and SpecPilot counted without a surge's drain runs by default with a surge (and is SpecPilot
+itself without one). Simulated time only."""
 
 from __future__ import annotations
 
 import pytest
 
-from specpilot.operator.app.bench.policies import SPECPILOT, StaticPolicy
-from specpilot.operator.app.bench.run import PolicyRun, Setup, Tuning, run_policy, scored_at_end
+from specpilot.operator.app.bench.command import _policies
+from specpilot.operator.app.bench.policies import HANDOVER, SPECPILOT, StaticPolicy
+from specpilot.operator.app.bench.run import (
+    PolicyRun,
+    Setup,
+    Tuning,
+    run_policy,
+    run_schedule,
+    scored_at_end,
+)
 from specpilot.operator.app.bench.traffic import requests_from_rates
 from specpilot.operator.app.demo.actuator import LatencyHistogram, Switch
 from specpilot.operator.app.demo.load import Completed, LoadStats, plan_requests
@@ -179,3 +189,30 @@ def test_every_policy_is_scored_at_the_traces_end() -> None:
     assert record.first_token_s is None and record.output_tokens == 0
     served = Request(request_id="ok", **shape, generated=50, first_token_s=260.0, finished_s=290.0)
     assert not scored_at_end(served, SETUP.duration_s).failed
+
+
+def test_handover_is_specpilot_itself_where_no_surge_rolls(runs: dict[str, PolicyRun]) -> None:
+    handed = run_policy(SETUP, 0, HANDOVER)  # SETUP restarts: nothing to hand over
+    pilot = runs[SPECPILOT]
+    assert handed.decisions == pilot.decisions and handed.restarts == pilot.restarts >= 1
+    assert [r.finished_s for r in handed.records] == [r.finished_s for r in pilot.records]
+
+
+def test_the_bench_counts_a_surge_both_ways_by_default() -> None:
+    statics = [NO_SPEC, EAGLE3]
+    assert _policies(None, statics, "surge") == [*statics, SPECPILOT, HANDOVER]
+    assert _policies(None, statics, "one-at-a-time") == [*statics, SPECPILOT]
+    assert _policies(HANDOVER, statics, "restart") == [HANDOVER]
+
+
+def test_a_schedule_switches_at_the_first_window_at_or_after_its_time() -> None:
+    eagle = EAGLE3.config
+    run = run_schedule(SETUP, 0, "on at 45 s", [(0.0, SpecConfig()), (45.0, eagle)])
+    # 30 s windows: applied at 60 s, then a restart of 20 s (plus the pre-stop sleep)
+    assert run.decisions == ["t=60s -> eagle3 K=3"] and run.restarts == 1
+    assert run.configs_by_window[:2] == ["no speculation"] * 2
+    assert run.configs_by_window[2:] == ["eagle3 K=3"] * (len(run.configs_by_window) - 2)
+    static = run_policy(SETUP, 0, NO_SPEC)
+    assert run.records[0].finished_s == static.records[0].finished_s  # same start, same physics
+    with pytest.raises(ValueError, match="starts with its config at 0 s"):
+        run_schedule(SETUP, 0, "late", [(10.0, eagle)])

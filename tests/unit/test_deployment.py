@@ -2,7 +2,7 @@
 spreads arrivals over ready replicas, each rollout mode keeps (or loses) the capacity it should,
 a stopped replica finishes what it holds within its drain and holds its GPU until it exits,
 what the drain cannot finish (all of it, with none) is retried from the start with its wait
-counted, and
+counted, a surge counted without its drain hands what the old replica holds to the new one, and
 `observe` reports a window as a scrape of the ready replicas would, and a trial runs on a canary
 beside two or more replicas as the Kubernetes actuator runs it. No wall clock anywhere."""
 
@@ -141,6 +141,35 @@ def test_what_the_drain_cannot_finish_is_retried_at_its_end() -> None:
     d.observe(30.0)
     for request in held:  # sent again from the start once the drain ran out
         assert request.first_token_s is not None and request.first_token_s >= stopped_at + 5.0
+
+
+def _queue_then_switch(surge_handover: bool) -> tuple[EmulatedDeployment, list[Request], float]:
+    """One replica past saturation for a minute, then a surge switch to the same speed class:
+    what it held at the switch, and its mean wait at the end."""
+    d = deployment(
+        rollout="surge",
+        arrivals=steady(60.0, 600.0, output=400),
+        pre_stop_s=10.0,
+        drain_s=45.0,
+        surge_handover=surge_handover,
+    )
+    d.observe(60.0)
+    d.apply(EAGLE3)  # ready at 120 s, the queue deeper by then
+    held = [r for r in d.records() if r.finished_s is None]
+    d.observe(120.0)
+    waits = [(r.finished_s or d.now) - r.arrival_s for r in d.records()]
+    return d, held, sum(waits) / len(waits)
+
+
+def test_a_surge_handover_moves_what_the_old_replica_holds_with_its_progress() -> None:
+    _, _, drained_wait = _queue_then_switch(surge_handover=False)
+    handed, held, handed_wait = _queue_then_switch(surge_handover=True)
+    started = [r for r in held if r.first_token_s is not None and r.first_token_s < 120.0]
+    assert started and all(r.generated > 0 for r in started)  # progress kept, not retried
+    assert len(handed._replicas) == 1  # the old replica's GPU is free at once
+    assert all(r.finished_s is not None for r in started)  # finished on the replacement
+    # the drain served the queue on a second GPU; the handover leaves one GPU's capacity
+    assert drained_wait < handed_wait * 0.95
 
 
 @pytest.mark.parametrize("rollout", ["one-at-a-time", "surge"])

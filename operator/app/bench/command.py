@@ -37,6 +37,7 @@ from typing import Any
 
 from specpilot.operator.app.bench.policies import (
     ABLATIONS,
+    HANDOVER,
     NO_SPEC,
     SPECPILOT,
     TUNED,
@@ -100,7 +101,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--poisson", help="A:B:N Poisson rates as fractions of capacity")
     p.add_argument(
         "--policies",
-        help="comma-separated policies to run (default: every baseline and specpilot; "
+        help="comma-separated policies to run (default: every baseline and specpilot, and "
+        f"with a surge {HANDOVER}: its switches counted without the spare GPU's drain; "
         f"ablations: {', '.join(ABLATIONS)}; variants: {', '.join(VARIANTS)})",
     )
     p.add_argument(
@@ -134,7 +136,7 @@ def run(ns: argparse.Namespace) -> int:
         raise ConfigError("--trace", ns.trace, "traffic with at least one request", "it has none")
     capacity = no_spec_capacity_rps(nominal, base.requests) * ns.replicas
     traffics = _shaped(ns, loaded, base, capacity)
-    policies = _policies(ns.policies, baselines(ns.engine, nominal))
+    policies = _policies(ns.policies, baselines(ns.engine, nominal), ns.rollout)
     tuning = Tuning(initial=_initial(ns.initial, ns.engine))
     worlds = list(range(ns.world_seed, ns.world_seed + ns.worlds))
     setups = [
@@ -175,10 +177,13 @@ def _check(ns: argparse.Namespace) -> None:
         raise ConfigError("--peak-load", ns.peak_load, "either --peak-load or --time-scale")
 
 
-def _policies(chosen: str | None, statics: list[StaticPolicy]) -> list[StaticPolicy | str]:
+def _policies(
+    chosen: str | None, statics: list[StaticPolicy], rollout: str
+) -> list[StaticPolicy | str]:
     every: list[StaticPolicy | str] = [*statics, SPECPILOT, *TUNED]
     if chosen is None:
-        return [*statics, SPECPILOT]
+        # a surge's drain lends SpecPilot a GPU the statics never get: count it both ways
+        return [*statics, SPECPILOT, *([HANDOVER] if rollout == "surge" else [])]
     names = {p.name if isinstance(p, StaticPolicy) else p: p for p in every}
     wanted = [n.strip() for n in chosen.split(",") if n.strip()]
     unknown = [n for n in wanted if n not in names]

@@ -9,7 +9,8 @@ the tuner through the control loop, and the hindsight reference (the best static
 window, switched for free), which is computed from the statics' runs, not run itself.
 `ABLATIONS` name SpecPilot with one component removed, or one added that is off by default
 (`bench/ablations.py` runs them); `VARIANTS` name SpecPilot with one setting at another value
-(`bench/entry_caution.py`); `TUNED` is both, by name.
+(`bench/entry_caution.py`); `HANDOVER` names the full tuner with its surges counted without
+the spare GPU's drain; `TUNED` is all of them, by name.
 
 `tuned_schedule(cost, method)` tunes a per-batch-size K table offline the way vLLM's
 `benchmarks/sweep/tune_speculative_k.py` does: for each batch size of a grid, run every K
@@ -54,8 +55,16 @@ VARIANTS: dict[str, dict[str, object]] = {
 """SpecPilot with a default set otherwise, by name: what the default's value buys or costs
 (a never-run speculative config's capacity read one sd down, or at the mean, instead of half
 an sd down; under an overload never less than one sd down, whatever the setting)."""
-TUNED: dict[str, dict[str, object]] = {**ABLATIONS, **VARIANTS}
-"""Every policy the tuner runs but the full tuner: the TunerSettings each overrides."""
+HANDOVER = "specpilot:handover"
+"""The full tuner, its surges counted without the spare GPU's drain (`EmulatedDeployment`'s
+`surge_handover`): a surge's stopped replica hands what it holds to its replacement instead of
+finishing it on the spare GPU beside it. Under a queue that drain is a second GPU serving for
+up to `DRAIN_S` after each switch, a capacity the static configs, which never roll, do not
+get; this policy is SpecPilot's count without it (identical to `specpilot` for the other
+rollouts). The bench runs it by default with a surge."""
+TUNED: dict[str, dict[str, object]] = {**ABLATIONS, **VARIANTS, HANDOVER: {}}
+"""Every policy the tuner runs but the full tuner as counted by default: the TunerSettings each
+overrides."""
 HINDSIGHT = "hindsight"
 NO_SPEC = "no-spec"
 VLLM_EAGLE3_TABLE = SpecConfig(

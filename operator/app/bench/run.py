@@ -9,15 +9,18 @@ only what a user's cluster would tell it: the published priors, the GPU catalog'
 roofline, the nominal restart time, and its measurements; it starts from `Tuning.initial`
 (speculation off unless told). Returns a `PolicyRun`: every request
 (for the serving metrics), the config and each window's requests, restarts and the tuner's
-decisions. Pure of wall time: the same inputs give the same run.
+decisions. `run_schedule(setup, world_seed, name, schedule)` drives the same deployment through
+a fixed list of switches instead of a policy. Pure of wall time: the same inputs give the same
+run.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from specpilot.operator.app.bench.policies import (
+    HANDOVER,
     SPECPILOT,
     TUNED,
     StaticPolicy,
@@ -104,14 +107,13 @@ class PolicyRun:
     itl: ItlCounts = NO_GAPS
 
 
-def run_policy(setup: Setup, world_seed: int, policy: StaticPolicy | str) -> PolicyRun:
+def _deployment(
+    setup: Setup, world_seed: int, initial: SpecConfig, *, surge_handover: bool = False
+) -> EmulatedDeployment:
     world = draw_world(world_seed)
-    truth = world.step_cost(setup.gpu, setup.profile)
-    initial = policy.config if isinstance(policy, StaticPolicy) else starting_config(setup)
-    name = policy.name if isinstance(policy, StaticPolicy) else policy
-    deployment = EmulatedDeployment(
+    return EmulatedDeployment(
         config=initial,
-        cost=truth,
+        cost=world.step_cost(setup.gpu, setup.profile),
         acceptance=world.acceptance_curve,
         arrivals=_arrivals(setup.requests),
         engine=setup.engine,
@@ -121,7 +123,14 @@ def run_policy(setup: Setup, world_seed: int, policy: StaticPolicy | str) -> Pol
         seed=setup.seed,
         pre_stop_s=setup.pre_stop_s,
         drain_s=setup.drain_s,
+        surge_handover=surge_handover,
     )
+
+
+def run_policy(setup: Setup, world_seed: int, policy: StaticPolicy | str) -> PolicyRun:
+    initial = policy.config if isinstance(policy, StaticPolicy) else starting_config(setup)
+    name = policy.name if isinstance(policy, StaticPolicy) else policy
+    deployment = _deployment(setup, world_seed, initial, surge_handover=name == HANDOVER)
     configs: list[str] = []
     decisions: list[str] = []
     observations: list[tuple[float, Observation]] = []
@@ -138,6 +147,47 @@ def run_policy(setup: Setup, world_seed: int, policy: StaticPolicy | str) -> Pol
         while deployment.now < setup.duration_s:
             deployment.observe(min(setup.window_s, setup.duration_s - deployment.now))
             configs.append(deployment.config.describe())
+    return _finished(setup, world_seed, name, deployment, configs, decisions, observations)
+
+
+def run_schedule(
+    setup: Setup,
+    world_seed: int,
+    name: str,
+    schedule: Sequence[tuple[float, SpecConfig]],
+    *,
+    surge_handover: bool = False,
+) -> PolicyRun:
+    """A fixed sequence of switches, `(at_s, config)` in time order, the first at 0 (the start
+    config): each applied at the first window boundary at or after its time, rolled out as
+    `setup.rollout` rolls any switch (a surge counted without its drain with `surge_handover`,
+    as `HANDOVER` counts it). What a decision's timing alone is worth, apart from the tuner
+    that made it."""
+    if not schedule or schedule[0][0] != 0.0:
+        raise ValueError("a schedule starts with its config at 0 s")
+    deployment = _deployment(setup, world_seed, schedule[0][1], surge_handover=surge_handover)
+    pending = list(schedule[1:])
+    configs: list[str] = []
+    decisions: list[str] = []
+    while deployment.now < setup.duration_s:
+        if pending and deployment.now >= pending[0][0]:
+            _, config = pending.pop(0)
+            decisions.append(f"t={deployment.now:.0f}s -> {config.describe()}")
+            deployment.apply(config)
+        deployment.observe(min(setup.window_s, setup.duration_s - deployment.now))
+        configs.append(deployment.config.describe())
+    return _finished(setup, world_seed, name, deployment, configs, decisions, [])
+
+
+def _finished(
+    setup: Setup,
+    world_seed: int,
+    name: str,
+    deployment: EmulatedDeployment,
+    configs: list[str],
+    decisions: list[str],
+    observations: list[tuple[float, Observation]],
+) -> PolicyRun:
     deployment.drain_arrivals()
     # Every policy is scored up to the trace's end: the loop's last window may run past it
     # (a rollout shifts its ticks), and what it finished there a static policy never could.

@@ -126,7 +126,7 @@ def phase_of(row: TraceRow) -> str:
     return f"{load}, {label}" if share >= 0.75 else f"{load}, mixed"
 
 
-def _free_ports(count: int) -> list[int]:
+def free_ports(count: int) -> list[int]:
     """`count` distinct ports free now (each socket held until all are picked)."""
     with contextlib.ExitStack() as stack:
         ports = []
@@ -219,7 +219,7 @@ def run(ns: argparse.Namespace) -> int:
     _check(ns)
     trace = load_trace(ns.trace) if ns.trace else parse_trace(DEMO_DAY, "demo-day")
     trace = stretch(trace, ns.duration)
-    port, surge_port = _free_ports(2)
+    port, surge_port = free_ports(2)
     engine = LocalEngine(
         engine="vllm",
         program=emulator_program(ns),
