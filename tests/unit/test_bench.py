@@ -179,6 +179,38 @@ def test_the_demo_summary_shows_latency_attainment_and_restarts_side_by_side(
     assert "each switch stops the engine" in text  # the rollout is named
 
 
+def test_the_demo_summary_never_ranks_the_handover_count_as_a_static_config(
+    runs: dict[str, PolicyRun],
+) -> None:
+    handed = fast_row(run_policy(SETUP, 0, HANDOVER), SETUP)
+    handed["e2el_ms_mean"] = 1.0  # below every static: still not one of them
+    fast = [fast_row(runs["no-spec"], SETUP), fast_row(runs[SPECPILOT], SETUP), handed]
+    load = LoadStats()
+    realtime = realtime_row(load, [], LatencyHistogram(), [], 300.0)
+    setup = {
+        "gpu": "H100",
+        "model_profile": "llama-3.1-8b",
+        "engine": "vllm",
+        "trace": "quiet",
+        "duration_s": 300.0,
+        "seed": 1,
+        "window_s": 30.0,
+        "min_dwell_s": 30.0,
+        "restart_budget": 4,
+        "restart_downtime_s": 20.0,
+        "rollout": "surge",
+        "drain_s": 30.0,
+        "slo_tpot_ms": 50.0,
+    }
+    summary = build_summary(
+        setup=setup, fast=fast, realtime=realtime, ticks=[], switches=[], load=load
+    )
+    assert summary["best_static_fast_mode"] == "no-spec"
+    text = summary_markdown(summary)
+    assert f"| {HANDOVER} | {FAST} |" in text
+    assert "without the spare GPU's drain" in text and "up to 30 s" in text
+
+
 def test_every_policy_is_scored_at_the_traces_end() -> None:
     """SpecPilot's loop may tick past the end (a rollout shifts its windows): a request it
     finished there failed as it would have under a static policy, and waited until the end."""

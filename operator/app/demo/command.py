@@ -285,6 +285,7 @@ def run(ns: argparse.Namespace) -> int:
         "min_dwell_s": tuning.min_dwell_s,
         "expected_dwell_s": tuning.expected_dwell_s,
         "rollout": ns.rollout,
+        "drain_s": bench_setup.drain_s,
         "restart_downtime_s": tuning.start_s,
         "restart_budget": tuning.restart_budget_per_hour,
         "load_delay_s": ns.load_delay,
