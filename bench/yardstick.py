@@ -6,6 +6,9 @@ Each run is one `specpilot bench` command (recorded in its JSON with the commit,
 time); the Markdown beside it is the summary table (medians over worlds, or over a sweep's
 (rate, world) cells) and SpecPilot against every fixed policy world by world, beside the
 room there was to win (`render`; `--render-only` rewrites it from the JSON without running).
+`yardstick.md` is the page to start from: one line per run and traffic (`index`). With a surge,
+SpecPilot is also counted without the spare GPU's drain (`specpilot:handover`: the tuning
+alone, apart from the second GPU a switch under a queue lends it).
 `poisson-vllm-start-eagle3` and `azure-vllm-surge-start-eagle3` start SpecPilot on EAGLE-3 K=3
 (the SpecDeployment's default start: its first candidate at K=3) instead of the bench's
 speculation off.
@@ -20,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from specpilot.operator.app.bench.command import head_commit
-from specpilot.operator.app.bench.policies import HANDOVER, HINDSIGHT, SPECPILOT
+from specpilot.operator.app.bench.policies import HANDOVER, HINDSIGHT, NO_SPEC, SPECPILOT
 from specpilot.operator.app.bench.report import against_fixed, markdown, settled_against_static
 from specpilot.operator.app.cli import main as specpilot
 from specpilot.operator.kube.children import DRAIN_S
@@ -73,6 +76,59 @@ def main() -> None:
                 raise SystemExit(f"{name}: specpilot bench exited {code}")
         report = json.loads(out.read_text(encoding="utf-8"))
         (RESULTS / f"yardstick-{name}.md").write_text(render(name, report), encoding="utf-8")
+    (RESULTS / "yardstick.md").write_text(index(committed_reports()), encoding="utf-8")
+
+
+def committed_reports() -> dict[str, dict[str, Any]]:
+    """Every run's JSON in bench/results, by run name (those not written yet left out)."""
+    found = {}
+    for name in RUNS:
+        path = RESULTS / f"yardstick-{name}.json"
+        if path.exists():
+            found[name] = json.loads(path.read_text(encoding="utf-8"))
+    return found
+
+
+def index(reports: Mapping[str, Mapping[str, Any]]) -> str:
+    """The page to start from: one line per run and traffic (per rate for a sweep), SpecPilot
+    and `HANDOVER` against the fixed policies world by world (`against_fixed`), their worst
+    world against no speculation, and the room hindsight had; each run's own page has the
+    rest."""
+    lines = [
+        "# The yardstick at a glance\n",
+        "Per run (its page: `yardstick-<run>.md`, with its command and commit) and traffic, over "
+        "its hidden worlds: in how many worlds SpecPilot's mean E2E latency is below every fixed "
+        "policy (each static config and engine baseline), its median ratio to the best of them, "
+        "and its worst world's ratio to no speculation (the yardstick's bound: 1.05); the same "
+        f"for `{HANDOVER}` (SpecPilot with each surge counted without the spare GPU's drain: the "
+        "tuning alone; `-` where nothing rolls by surge); last, the worlds where hindsight (each "
+        f"window's best static config, switched for free) is more than {1 - ROOM:.0%} below "
+        "every fixed policy: the room there was.\n",
+        "| run | traffic | SpecPilot below every fixed | its median ratio | its worst / no-spec "
+        "| handover below every fixed | its median ratio | its worst / no-spec | room |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, report in reports.items():
+        for traffic in report["traffics"]:
+            worlds = [w["policies"] for w in traffic["worlds"]]
+            cells = [f"{name} ({report['commit'][:7]})", traffic["name"]]
+            for policy in (SPECPILOT, HANDOVER):
+                found = against_fixed(worlds, policy)
+                if found is None:
+                    cells += ["-", "-", "-"]
+                    continue
+                worst = max(w[policy]["e2el_ms_mean"] / w[NO_SPEC]["e2el_ms_mean"] for w in worlds)
+                cells += [
+                    f"{found['below_every_fixed']} of {found['worlds']}",
+                    f"{found['ratio_to_best_fixed']['median']:.3f}",
+                    f"{worst:.3f}",
+                ]
+            room = against_fixed(worlds, HINDSIGHT, below=ROOM)
+            cells.append(
+                "-" if room is None else f"{room['below_every_fixed']} of {room['worlds']}"
+            )
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def render(name: str, report: Mapping[str, Any]) -> str:

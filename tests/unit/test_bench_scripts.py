@@ -685,6 +685,9 @@ def test_the_committed_yardstick_markdown_renders_from_its_json() -> None:
             r"at [0-9a-f]{7,}\.", "at HEAD.", (RESULTS / f"yardstick-{name}.md").read_text()
         )
         assert rendered == committed, name
+    index = (RESULTS / "yardstick.md").read_text()
+    assert yardstick.index(yardstick.committed_reports()) == index
+    assert index.count("| poisson-vllm (") == 7  # one line per rate of the sweep
 
 
 def test_the_ablations_tell_a_trial_that_moved_from_canaries_that_were_all_rejected() -> None:
