@@ -145,15 +145,9 @@ def test_the_real_time_row_is_what_a_non_streaming_client_measured() -> None:
     assert row["mode"] == REAL_TIME
 
 
-def test_the_demo_summary_shows_latency_attainment_and_restarts_side_by_side(
-    runs: dict[str, PolicyRun],
-) -> None:
-    fast = [fast_row(runs[name], SETUP) for name in ("no-spec", "static:eagle3 K=3", SPECPILOT)]
-    assert all(r["mode"] == FAST for r in fast)
-    assert set(fast[0]["slo_attainment"]) == {"tight", "standard", "relaxed"}
-    load = LoadStats()
-    realtime = realtime_row(load, [], LatencyHistogram(), [Switch(0, 0, SpecConfig())], 300.0)
-    setup = {
+def demo_setup(rollout: str, **extra: float) -> dict[str, object]:
+    """The demo summary's setup for SETUP's run."""
+    return {
         "gpu": "H100",
         "model_profile": "llama-3.1-8b",
         "engine": "vllm",
@@ -164,11 +158,22 @@ def test_the_demo_summary_shows_latency_attainment_and_restarts_side_by_side(
         "min_dwell_s": 30.0,
         "restart_budget": 4,
         "restart_downtime_s": 20.0,
-        "rollout": "restart",
+        "rollout": rollout,
         "slo_tpot_ms": 50.0,
+        **extra,
     }
+
+
+def test_the_demo_summary_shows_latency_attainment_and_restarts_side_by_side(
+    runs: dict[str, PolicyRun],
+) -> None:
+    fast = [fast_row(runs[name], SETUP) for name in ("no-spec", "static:eagle3 K=3", SPECPILOT)]
+    assert all(r["mode"] == FAST for r in fast)
+    assert set(fast[0]["slo_attainment"]) == {"tight", "standard", "relaxed"}
+    load = LoadStats()
+    realtime = realtime_row(load, [], LatencyHistogram(), [Switch(0, 0, SpecConfig())], 300.0)
     summary = build_summary(
-        setup=setup, fast=fast, realtime=realtime, ticks=[], switches=[], load=load
+        setup=demo_setup("restart"), fast=fast, realtime=realtime, ticks=[], switches=[], load=load
     )
     assert summary["best_static_fast_mode"] == "static:eagle3 K=3"  # lower mean E2E latency
     text = summary_markdown(summary)
@@ -187,23 +192,13 @@ def test_the_demo_summary_never_ranks_the_handover_count_as_a_static_config(
     fast = [fast_row(runs["no-spec"], SETUP), fast_row(runs[SPECPILOT], SETUP), handed]
     load = LoadStats()
     realtime = realtime_row(load, [], LatencyHistogram(), [], 300.0)
-    setup = {
-        "gpu": "H100",
-        "model_profile": "llama-3.1-8b",
-        "engine": "vllm",
-        "trace": "quiet",
-        "duration_s": 300.0,
-        "seed": 1,
-        "window_s": 30.0,
-        "min_dwell_s": 30.0,
-        "restart_budget": 4,
-        "restart_downtime_s": 20.0,
-        "rollout": "surge",
-        "drain_s": 30.0,
-        "slo_tpot_ms": 50.0,
-    }
     summary = build_summary(
-        setup=setup, fast=fast, realtime=realtime, ticks=[], switches=[], load=load
+        setup=demo_setup("surge", drain_s=30.0),
+        fast=fast,
+        realtime=realtime,
+        ticks=[],
+        switches=[],
+        load=load,
     )
     assert summary["best_static_fast_mode"] == "no-spec"
     text = summary_markdown(summary)
