@@ -714,3 +714,16 @@ def test_the_ablations_tell_a_trial_that_moved_from_canaries_that_were_all_rejec
     assert any("spare GPU" in line for line in lines)  # beside one replica, says so
     four = {**report, "setup": {"replicas": 4}}
     assert not any("spare GPU" in line for line in ablations.trial_lines(four, [1.0] * 4))
+
+
+def test_the_committed_demo_drivers_result_is_what_the_code_computes_now() -> None:
+    """Its fast-mode half is simulated time: the same code gives the same figures, so a
+    change that moves them must regenerate the file (its real-time half is the measurement)."""
+    drivers = _load("demo_drivers.py")
+    committed = json.loads((RESULTS / "demo_drivers.json").read_text())
+    assert drivers.markdown(committed) == (RESULTS / "demo_drivers.md").read_text()
+    assert drivers.timings(committed["seed"]) == committed["timings"]
+    fast = {row["config"]: row["fast"] for row in drivers.drivers(committed["seed"], False)}
+    assert fast == {row["config"]: row["fast"] for row in committed["drivers"]}
+    for row in committed["drivers"]:  # the two drivers agree on a static config
+        assert row["real_time_over_fast"] == pytest.approx(1.0, abs=0.02)
