@@ -26,7 +26,7 @@ from specpilot.operator.app.bench.command import head_commit
 from specpilot.operator.app.bench.policies import HANDOVER, HINDSIGHT, NO_SPEC, SPECPILOT
 from specpilot.operator.app.bench.report import against_fixed, markdown, settled_against_static
 from specpilot.operator.app.cli import main as specpilot
-from specpilot.operator.kube.children import DRAIN_S
+from specpilot.operator.kube.children import DRAIN_S, PRE_STOP_SLEEP_S
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # Hindsight within 1% of the best fixed policy is the noise of a per-window pick, not room.
@@ -165,7 +165,8 @@ HANDOVER_WORDS = (
     f"\n`{HANDOVER}` is SpecPilot in the same worlds with each surge counted without the "
     "spare GPU's drain: the replica a switch stops hands the requests it holds to its "
     "replacement (progress kept) instead of finishing them beside it. Under a queue that drain "
-    f"is a second GPU serving for up to {DRAIN_S:.0f} s after each switch, which the static "
+    f"is a second GPU serving for up to {PRE_STOP_SLEEP_S + DRAIN_S:.0f} s after each switch "
+    "(the pod's preStop sleep and drain), which the static "
     "configs, never "
     "rolling, do not get; this count is what the tuning alone is worth.\n"
 )

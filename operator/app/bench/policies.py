@@ -58,10 +58,11 @@ an sd down; under an overload never less than one sd down, whatever the setting)
 HANDOVER = "specpilot:handover"
 """The full tuner, its surges counted without the spare GPU's drain (`EmulatedDeployment`'s
 `surge_handover`): a surge's stopped replica hands what it holds to its replacement instead of
-finishing it on the spare GPU beside it. Under a queue that drain is a second GPU serving for
-up to `DRAIN_S` after each switch, a capacity the static configs, which never roll, do not
-get; this policy is SpecPilot's count without it (identical to `specpilot` for the other
-rollouts). The bench runs it by default with a surge."""
+finishing it on the spare GPU beside it. Under a queue that drain is a second GPU serving
+through the pod's preStop sleep and drain after each switch (`PRE_STOP_SLEEP_S` + `DRAIN_S`),
+a capacity the static configs, which never roll, do not get; this policy is SpecPilot's count
+without it (identical to `specpilot` for the other rollouts). The bench runs it by default
+with a surge."""
 TUNED: dict[str, dict[str, object]] = {**ABLATIONS, **VARIANTS, HANDOVER: {}}
 """Every policy the tuner runs but the full tuner as counted by default: the TunerSettings each
 overrides."""
