@@ -166,9 +166,8 @@ HANDOVER_WORDS = (
     "spare GPU's drain: the replica a switch stops hands the requests it holds to its "
     "replacement (progress kept) instead of finishing them beside it. Under a queue that drain "
     f"is a second GPU serving for up to {PRE_STOP_SLEEP_S + DRAIN_S:.0f} s after each switch "
-    "(the pod's preStop sleep and drain), which the static "
-    "configs, never "
-    "rolling, do not get; this count is what the tuning alone is worth.\n"
+    "(the pod's preStop sleep and drain), which the static configs, never rolling, do not "
+    "get; this count is what the tuning alone is worth.\n"
 )
 
 
