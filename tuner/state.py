@@ -109,11 +109,15 @@ class TunerState:
     time): bursty traffic comes back to its peaks, and a config entered for its dwell must
     hold them, not just the trend of the last few windows."""
     capacity_exits: tuple[tuple[str, float], ...] = ()
-    """(method, output tokens/s) per speculative method the tuner left for capacity: what it
-    served in the window it was left (its capacity under a queue; short of one, the load it
-    was left at), raised to the most it has served since. The policy holds the method's
-    capacity to this (`policy.latency_proposal`): the physics prior's capacity at a batch the
-    method never ran at is a guess, and the exit is what was seen."""
+    """(method, output tokens/s) per speculative method the tuner left for capacity: the most
+    it served in a window of the run it was left from (under a queue, its capacity), or, where
+    it still kept up with the demand, the capacity the tuner read for it if that is more
+    (`policy.decision.exit_ceiling`); raised to the most it has served since. The policy holds
+    the method's capacity to this (`policy.latency_proposal`): the physics prior's capacity at
+    a batch the method never ran at is a guess, and the exit is what was seen."""
+    served_peak: float = 0.0
+    """The most output tokens/s the running config served in a window since it started: a
+    method left for capacity has shown at least this (`policy.decision.exit_ceiling`)."""
     last_window_s: float | None = None
     """When the last window the tuner learned from ended (its `now`); None before the first.
     A window is the running config's first when this is not after `since_s`: a freshly
@@ -321,12 +325,15 @@ class TunerState:
     def served(self, config: SpecConfig, throughput: float) -> TunerState:
         """A window in which `config` served `throughput` output tokens/s: a method left for
         capacity has at least what it serves."""
+        state = self
+        if config == self.current and throughput > self.served_peak:
+            state = replace(state, served_peak=throughput)
         exits = dict(self.capacity_exits)
         ceiling = exits.get(config.method)
         if ceiling is None or not config.speculative or not throughput > ceiling:
-            return self
+            return state
         exits[config.method] = throughput
-        return replace(self, capacity_exits=tuple(sorted(exits.items())))
+        return replace(state, capacity_exits=tuple(sorted(exits.items())))
 
     def measured_on_canary(self, config: SpecConfig) -> TunerState:
         """A trial's canary measured `config`; the main replicas did not move to it."""
@@ -409,6 +416,7 @@ class TunerState:
             "recent_batches": [round(b, 2) for b in self.recent_batches],
             "demand_peak": self.demand_peak,
             "capacity_exits": [[m, round(d, 1)] for m, d in self.capacity_exits],
+            "served_peak": self.served_peak,
             "canary_only": [c.to_dict() for c in self.canary_only],
             "last_window_s": self.last_window_s,
             "forecast_shortfall": self.forecast_shortfall,
@@ -444,6 +452,7 @@ class TunerState:
             recent_batches=tuple(float(b) for b in body.get("recent_batches", [])),
             demand_peak=float(body.get("demand_peak", 0.0)),
             capacity_exits=tuple((str(m), float(d)) for m, d in body.get("capacity_exits", [])),
+            served_peak=float(body.get("served_peak", 0.0)),
             canary_only=tuple(SpecConfig.from_dict(c) for c in body.get("canary_only", [])),
             last_window_s=_optional_float(body.get("last_window_s")),
             forecast_shortfall=bool(body.get("forecast_shortfall", False)),

@@ -25,6 +25,7 @@ from specpilot.tuner import (
 )
 from specpilot.tuner._model.residual_gp import ResidualPoint
 from specpilot.tuner.policy import latency_proposal
+from specpilot.tuner.policy.decision import exit_ceiling
 from specpilot.tuner.policy.latency import (
     OVERLOAD_PENALTY,
     QUEUE_GROWTH,
@@ -557,7 +558,7 @@ def test_a_method_left_for_capacity_is_held_to_what_it_served_until_it_serves_mo
     _, back, _ = propose_for_latency(lower, CANDIDATES, chosen, waiting=0.0)
     assert back is not None and back.config == EAGLE
     # serving more than that lifts the ceiling; other configs do not
-    assert left.served(NO_SPEC, 3 * demand) == left
+    assert left.served(NO_SPEC, 3 * demand).capacity_exits == left.capacity_exits
     assert left.served(EAGLE, 0.5 * demand) == left
     lifted = left.served(EAGLE, 2 * demand)
     assert lifted.capacity_exits == (("eagle3", 2 * demand),)
@@ -671,3 +672,46 @@ def test_a_forecast_shortfall_survives_a_restart_of_the_operator() -> None:
     old = json.loads(state.to_json())
     del old["forecast_shortfall"]  # a state written before the field existed
     assert not TunerState.from_json(json.dumps(old)).forecast_shortfall
+
+
+def test_a_method_left_under_a_queue_is_held_to_the_most_it_served_since_it_started() -> None:
+    """EAGLE-3 served its prior at max-num-seqs for eight windows, then a queue formed and it
+    served a fifth less (longer contexts, a slower mix): it is left for capacity, held to what
+    it served at best, not to the slow exit window. Held to the exit window's figure, EAGLE-3
+    never came back after Azure's peak in world 3 (`decision.exit_ceiling`)."""
+    batch = float(settings().max_batch)
+    chosen = settings("latency", windows=9, restart_s=5.0)
+    state = replace(TunerState.initial(EAGLE, 0.0, PRIORS), restarts=(0.0,))
+    best = window(EAGLE, batch).generation_tokens_per_s
+    assert best is not None
+    decision = None
+    for i in range(9):
+        observed = window(EAGLE, batch)
+        if i == 8:
+            observed = replace(observed, waiting_requests=400.0, generation_tokens_per_s=0.8 * best)
+        decision, state = decide(observed, state, chosen, COST, 60.0 * (i + 1))
+    assert decision is not None and decision.action == "off", decision
+    assert state.capacity_exits == (("eagle3", pytest.approx(best, rel=1e-6)),)
+    # the switch starts the next config's count
+    assert state.served_peak == 0.0
+    assert TunerState.from_json(state.to_json()).served_peak == 0.0
+
+
+def test_a_method_left_for_the_load_ahead_while_keeping_up_is_held_to_its_read_capacity() -> None:
+    """EAGLE-3 keeps up with today's demand (no queue, its steady batch) but not with the
+    recent peak: left for capacity, what it served is only today's load, and the ceiling is
+    the capacity the tuner read for it. Under a queue the proposal carries no such figure."""
+    batch = 8.0
+    surrogate = Surrogate(COST, PRIORS, prefill_ratio=PREFILL_RATIO)
+    served = surrogate.predict(EAGLE, batch, CONTEXT).tokens_per_s
+    belief = started_on(EAGLE, (), surrogate, batch, served)
+    capacity = backlog_point(load_curves([EAGLE], surrogate, CONTEXT, settings())[0])[1]
+    peaked = replace(belief, state=replace(belief.state, demand_peak=2 * capacity.tokens_per_s))
+    _, proposal, _ = propose_for_latency(peaked, CANDIDATES, settings(), waiting=0.0)
+    assert proposal is not None and proposal.config == NO_SPEC and proposal.for_capacity
+    assert proposal.running_capacity == pytest.approx(capacity.tokens_per_s, rel=1e-6)
+    assert proposal.running_capacity > 1.5 * served
+    assert exit_ceiling(proposal, served) == proposal.running_capacity
+    _, queued, _ = propose_for_latency(peaked, CANDIDATES, settings(), waiting=400.0)
+    assert queued is not None and queued.for_capacity and queued.running_capacity is None
+    assert exit_ceiling(queued, served) == served

@@ -27,6 +27,7 @@ from specpilot.tuner.observation import Observation
 from specpilot.tuner.policy.gate import gate, recent_restarts
 from specpilot.tuner.policy.learn import Belief, learn, learn_trial
 from specpilot.tuner.policy.plan import trend_holds
+from specpilot.tuner.policy.proposal import Proposal
 from specpilot.tuner.policy.propose import acceptance_note, propose
 from specpilot.tuner.policy.settings import TunerSettings
 from specpilot.tuner.spec_config import SpecConfig
@@ -134,7 +135,8 @@ def _decide_on(
     speed_gain = proposal.gain if proposal.speed_gain is None else proposal.speed_gain
     restarts = (*recent_restarts(state, now), now)
     if proposal.for_capacity and current.speculative and target.method != current.method:
-        state = state.left_for_capacity(current.method, belief.throughput)
+        shown = max(belief.throughput, state.served_peak)
+        state = state.left_for_capacity(current.method, exit_ceiling(proposal, shown))
     return Decision(
         action="switch" if target.speculative else "off",
         config=target,
@@ -144,7 +146,27 @@ def _decide_on(
         predicted_tokens_per_s=predicted.tokens_per_s,
         speed_checked=not proposal.for_capacity,
         trial=proposal.trial or retest_on_canary,
-    ), replace(state, current=target, since_s=now, restarts=restarts, forecast_shortfall=False)
+    ), replace(
+        state,
+        current=target,
+        since_s=now,
+        restarts=restarts,
+        forecast_shortfall=False,
+        served_peak=0.0,
+    )
+
+
+def exit_ceiling(proposal: Proposal, shown: float) -> float:
+    """What a method left for capacity is held to (`TunerState.capacity_exits`): the most it
+    served in a window since it started (`shown`; under a queue, what it serves is its
+    capacity), and where it kept up with today's demand, at least the capacity the tuner read
+    for it when it left (what it served then was only the load). Held to its exit window's
+    figure alone, EAGLE-3 never came back after a peak: Azure at peak 1.2, world 3, left
+    behind a backlog at 3650 tok/s served, having served 4142 the window before, it was held
+    out for 25 minutes while the load ahead with the margin was 3774-4663."""
+    if proposal.running_capacity is not None:
+        return max(shown, proposal.running_capacity)
+    return shown
 
 
 def _without_the_trial(

@@ -6,7 +6,7 @@ forecast read through the running config's curve; at max-num-seqs, beyond the ru
 capacity; when the measured batch is far above the running config's steady batch, beyond what it
 serves: `behind`; never below the recent peak, `TunerState.demand_peak`), and scores every
 config of the space with `latency.latency_score`, a method the tuner left for capacity held to
-what it served then (`TunerState.capacity_exits`), a config that never ran read with the doubt
+what it showed then (`TunerState.capacity_exits`), a config that never ran read with the doubt
 `capacity_caution` gives its capacity, no speculation that never ran read one sd slower per
 token for a move made for speed (`unproven_baseline`). On a canary, no trial is made
 under a queue (the running config overloaded, or requests waiting) or while the replicas a
@@ -175,6 +175,13 @@ def propose_for_latency(
         )
     else:
         trial = explore(ranked, current, running, settings)
+    # Behind today's demand, what the running config serves is its capacity; keeping up, it is
+    # only the load, and what the tuner reads as its capacity is the better figure
+    queued = (
+        waiting > QUEUED_REQUESTS
+        or behind(belief.batch, curves[current], demand)
+        or latency_score(current, curves[current], demand, demand, 0.0, unit).overloaded
+    )
     if best_config != current and not outweighs(trial, best.tokens_per_s - served):
         why = "predicted faster for users"
         if running_score.overloaded:
@@ -194,6 +201,7 @@ def propose_for_latency(
                 detail=detail,
                 headroom=headroom(scores[best_config], peak),
                 mean_headroom=headroom(scores[best_config], peak, sds_down=0.0),
+                running_capacity=None if queued else running_score.capacity,
             ),
             None,
         )

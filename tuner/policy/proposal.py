@@ -52,6 +52,11 @@ class Proposal:
     mean_headroom: float | None = None
     """The same at the capacity's mean (`gate.early_first_move` reads it over a steady
     window)."""
+    running_capacity: float | None = None
+    """The running config's capacity as the objective read it, where it keeps up with today's
+    demand (None under a queue, or where the objective does not price capacity): for a move
+    made for the load ahead, what the tuner believed the config it leaves could serve
+    (`decision.exit_ceiling`)."""
 
 
 Trial = tuple[SpecConfig, Prediction, float, float]
