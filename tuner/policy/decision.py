@@ -161,9 +161,11 @@ def exit_ceiling(proposal: Proposal, shown: float) -> float:
     served in a window since it started (`shown`; under a queue, what it serves is its
     capacity), and where it kept up with today's demand, at least the capacity the tuner read
     for it when it left (what it served then was only the load). Held to its exit window's
-    figure alone, EAGLE-3 never came back after a peak: Azure at peak 1.2, world 3, left
-    behind a backlog at 3650 tok/s served, having served 4142 the window before, it was held
-    out for 25 minutes while the load ahead with the margin was 3774-4663."""
+    figure alone, EAGLE-3 never came back after a peak: Azure at peak 1.2, one replica, world
+    3, left at 1309 s behind a backlog while serving 3650 tok/s, having served 4087 earlier in
+    that run, it was held out to the trace's end although the load ahead with the margin fell
+    to 3774; held to 4087 it came back at 2618 s (1.121 to 1.070 of the best fixed policy's
+    mean E2E, `yardstick-azure-vllm-surge` at d2c1750 and 2cb92ae)."""
     if proposal.running_capacity is not None:
         return max(shown, proposal.running_capacity)
     return shown
