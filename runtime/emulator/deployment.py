@@ -542,6 +542,7 @@ class EmulatedDeployment:
         """What a scrape of the `ready` replicas over `w` would report."""
         served = [t / window_s for t in w.batch_time.values()] if window_s > 0 else []
         kv = [r.core.kv_usage for _, r in ready]
+        running_now = [len(r.core.running) for _, r in ready]
         return Observation(
             engine=self.engine,
             window_s=window_s,
@@ -564,6 +565,8 @@ class EmulatedDeployment:
             waiting_requests=(sum(len(r.core.waiting) for _, r in ready) + len(self._client))
             / max(1, len(ready)),
             kv_cache_usage=sum(kv) / len(kv) if kv else None,
+            # a scrape reads both gauges at the same instant (the window's end, here)
+            running_requests_gauge=sum(running_now) / len(running_now) if running_now else None,
             generation_tokens_per_s=w.tokens / window_s if w.tokens and window_s > 0 else None,
             tpot_p50_s=None,
             tpot_p95_s=None,

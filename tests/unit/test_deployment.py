@@ -62,6 +62,22 @@ def test_observe_serves_a_window_and_reports_it_as_a_scrape_would() -> None:
     assert obs.prompt_tokens_per_s / obs.requests_per_s == pytest.approx(128, rel=0.05)
 
 
+def test_the_running_and_kv_gauges_are_read_at_the_same_instant() -> None:
+    # the mean batch is a window's integral; the two gauges are one scrape instant's, so
+    # their ratio is the KV per running request at that instant whatever the mean batch was
+    d = deployment(replicas=2, arrivals=steady(40.0, 600.0, output=256))
+    obs = d.observe(60.0)
+    cores = [r.core for r in d._replicas.values()]
+    running = [len(c.running) for c in cores]
+    assert obs.running_requests_gauge == pytest.approx(sum(running) / len(running))
+    assert obs.running_requests_gauge is not None and obs.running_requests_gauge >= 1
+    assert obs.kv_cache_usage == pytest.approx(sum(c.kv_usage for c in cores) / len(cores))
+    held = sum(c.kv_used_tokens for c in cores) / sum(running)
+    per_request = obs.kv_cache_usage * cores[0].kv_capacity_tokens / obs.running_requests_gauge
+    assert per_request == pytest.approx(held)
+    assert 128 < per_request < 128 + 256  # a prompt and part of its output
+
+
 def test_the_balancer_spreads_arrivals_over_ready_replicas() -> None:
     d = deployment(replicas=2, arrivals=steady(20.0, 600.0))
     d.observe(30.0)
