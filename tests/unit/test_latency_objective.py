@@ -49,6 +49,7 @@ from specpilot.tuner.policy.latency_proposal import (
 )
 from specpilot.tuner.policy.learn import Belief
 from specpilot.tuner.policy.plan import trend_holds
+from specpilot.tuner.policy.propose import propose
 
 COST = StepCost.for_hardware("H100", "llama-3.1-8b")
 PRIORS = {"eagle3": AcceptanceCurve(0.775, 0.973)}
@@ -715,3 +716,25 @@ def test_a_method_left_for_the_load_ahead_while_keeping_up_is_held_to_its_read_c
     _, queued, _ = propose_for_latency(peaked, CANDIDATES, settings(), waiting=400.0)
     assert queued is not None and queued.for_capacity and queued.running_capacity is None
     assert exit_ceiling(queued, served) == served
+
+
+def test_of_configs_as_fast_for_users_a_near_tie_goes_to_the_one_with_most_headroom() -> None:
+    """At batch 2 EAGLE-3 K=5 and its synthesised schedule run K=5 alike and serve the load
+    equally fast; the schedule drops K at larger batches and so carries more. The fastest is
+    taken by default; with `near_tie` the one the next step up of the load does not catch."""
+    chosen = replace(settings(), synthesize_schedules=True)
+    surrogate = Surrogate(COST, PRIORS, prefill_ratio=PREFILL_RATIO)
+    batch = 2.0
+    served = surrogate.predict(NO_SPEC, batch, CONTEXT).tokens_per_s
+    belief = started_on(NO_SPEC, (), surrogate, batch, served)
+    _, fastest, _ = propose(belief, chosen, COST)
+    _, safest, _ = propose(belief, replace(chosen, near_tie=0.01), COST)
+    assert fastest is not None and safest is not None
+    assert fastest.config == EAGLE, fastest.config.describe()
+    assert safest.config.method == "eagle3" and safest.config.schedule is not None
+    assert safest.config.num_speculative_tokens == EAGLE.num_speculative_tokens
+    assert safest.prediction.tokens_per_s >= 0.99 * fastest.prediction.tokens_per_s
+    assert safest.headroom > fastest.headroom
+    # a config far faster is not given up for headroom
+    _, wide, _ = propose(belief, replace(chosen, near_tie=0.01, synthesize_schedules=False), COST)
+    assert wide is not None and wide.config == EAGLE

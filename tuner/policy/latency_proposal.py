@@ -144,7 +144,7 @@ def propose_for_latency(
     running = replace(now, tokens_per_s=served, uncertainty=running_score.uncertainty)
     read = {c: unproven_baseline(scores[c], current, ran, running_score) for c in candidates}
     ranked = [(c, _as_prediction(read[c], curves[c], served, reference)) for c in candidates]
-    best_config, best = max(ranked, key=lambda item: item[1].tokens_per_s)
+    best_config, best = fastest_or_safest(ranked, scores, peak, settings.near_tie)
     detail = _detail(scores[best_config], running_score, demand, peak)
     if read[best_config] is not scores[best_config]:
         detail += "; read one sd slower per token: never run here"
@@ -221,6 +221,23 @@ def propose_for_latency(
         ),
         None,
     )
+
+
+def fastest_or_safest(
+    ranked: Sequence[tuple[SpecConfig, Prediction]],
+    scores: dict[SpecConfig, LatencyScore],
+    peak: float,
+    near_tie: float,
+) -> tuple[SpecConfig, Prediction]:
+    """The fastest for users; with `near_tie` above 0, of the configs within that share of it,
+    the one with the most headroom over the load ahead: equally fast today, it is the one the
+    next step up of the load does not catch short."""
+    fastest = max(ranked, key=lambda item: item[1].tokens_per_s)
+    if near_tie <= 0.0:
+        return fastest
+    floor = fastest[1].tokens_per_s * (1.0 - near_tie)
+    near = [item for item in ranked if item[1].tokens_per_s >= floor]
+    return max(near, key=lambda item: headroom(scores[item[0]], peak))
 
 
 OVERLOAD_ENTRY_CAUTION_SD = 1.0
