@@ -8,7 +8,9 @@ serves: `behind`; never below the recent peak, `TunerState.demand_peak`), and sc
 config of the space with `latency.latency_score`, a method the tuner left for capacity held to
 what it showed then (`TunerState.capacity_exits`), a config that never ran read with the doubt
 `capacity_caution` gives its capacity, no speculation that never ran read one sd slower per
-token for a move made for speed (`unproven_baseline`). On a canary, no trial is made
+token for a move made for speed (`unproven_baseline`), and takes the fastest for users (with
+`TunerSettings.near_tie`, of those nearly as fast, the one with the most headroom:
+`fastest_or_safest`). On a canary, no trial is made
 under a queue (the running config overloaded, or requests waiting) or while the replicas a
 canary's start leaves could not carry the load ahead (`short_in_the_canary_start`). A move for
 capacity the running config lacks only at the forecast load, not at any load seen, is marked
