@@ -98,7 +98,11 @@ def test_the_bench_runs_the_named_ablations_and_refuses_unknown_names(
         "specpilot:averaged-prefill",
         "specpilot:exploration",
     }
-    assert set(VARIANTS) == {"specpilot:caution-1", "specpilot:caution-0"}
+    assert set(VARIANTS) == {
+        "specpilot:caution-1",
+        "specpilot:caution-0",
+        "specpilot:near-ties",
+    }
     for overrides in TUNED.values():  # each names settings that exist
         replace(TunerSettings(candidates=(EAGLE,)), **overrides)  # type: ignore[arg-type]
     code = specpilot(
