@@ -101,7 +101,7 @@ def test_the_bench_runs_the_named_ablations_and_refuses_unknown_names(
     assert set(VARIANTS) == {
         "specpilot:caution-1",
         "specpilot:caution-0",
-        "specpilot:near-ties",
+        "specpilot:strict-fastest",
     }
     for overrides in TUNED.values():  # each names settings that exist
         replace(TunerSettings(candidates=(EAGLE,)), **overrides)  # type: ignore[arg-type]
