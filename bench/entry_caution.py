@@ -9,8 +9,9 @@ tuner as shipped (`TunerSettings.entry_caution_sd` 0.5) and its variants at 1 an
 (operator/app/bench/policies.py, the `VARIANTS` that set it; under an overload every one reads
 at least one sd down, `latency_proposal.OVERLOAD_ENTRY_CAUTION_SD`). Writes
 bench/results/entry_caution.json (the bench's report: commit, command, seeds) and
-entry_caution.md: per rate and world, each policy's mean E2E latency, and per variant the worlds where it beat the shipped tuner, where
-it lost, and its worst world against no speculation (the yardstick's bound: 1.05).
+entry_caution.md: per rate and world, each policy's mean E2E latency, and per variant the
+worlds where it beat the shipped tuner, where it lost, and its worst world against no
+speculation (the yardstick's bound: 1.05).
 """
 
 from __future__ import annotations

@@ -9,9 +9,8 @@ room there was to win (`render`; `--render-only` rewrites it from the JSON witho
 `yardstick.md` is the page to start from: one line per run and traffic (`index`). With a surge,
 SpecPilot is also counted without the spare GPU's drain (`specpilot:handover`: the tuning
 alone, apart from the second GPU a switch under a queue lends it).
-`poisson-vllm-start-eagle3` and `azure-vllm-surge-start-eagle3` start SpecPilot on EAGLE-3 K=3
-(the SpecDeployment's default start: its first candidate at K=3) instead of the bench's
-speculation off.
+The `*-start-eagle3` runs start SpecPilot on EAGLE-3 K=3 (the SpecDeployment's default start:
+its first candidate at K=3) instead of the bench's speculation off.
 The shipped rate curves (bench/traces) with phases of load, `diurnal` and `step`, run at peak
 load 0.8, the busiest minute within capacity, where their phases have room to win: at Azure's
 1.2 they stay overloaded for minutes (mean E2E 88 s and 42 s for SpecPilot, every policy's
@@ -70,6 +69,18 @@ RUNS: dict[str, list[str]] = {
         "--rollout", "surge",
     ],
     "taskmix-vllm-surge": ["--trace", "bench/traces/taskmix.csv", *VLLM, "--rollout", "surge"],
+    "diurnal-vllm-surge-start-eagle3": [
+        "--trace", "bench/traces/diurnal.csv", "--peak-load", SHIPPED_PEAK_LOAD, *VLLM,
+        "--rollout", "surge", "--initial", "static:eagle3 K=3",
+    ],
+    "step-vllm-surge-start-eagle3": [
+        "--trace", "bench/traces/step.csv", "--peak-load", SHIPPED_PEAK_LOAD, *VLLM,
+        "--rollout", "surge", "--initial", "static:eagle3 K=3",
+    ],
+    "taskmix-vllm-surge-start-eagle3": [
+        "--trace", "bench/traces/taskmix.csv", *VLLM, "--rollout", "surge",
+        "--initial", "static:eagle3 K=3",
+    ],
     "poisson-vllm": ["--trace", AZURE, "--poisson", "0.1:1.3:7", *VLLM, "--rollout", "surge"],
     "poisson-vllm-start-eagle3": [
         "--trace", AZURE, "--poisson", "0.1:1.3:7", *VLLM, "--rollout", "surge",
