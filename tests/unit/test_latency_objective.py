@@ -739,3 +739,29 @@ def test_of_configs_as_fast_for_users_a_near_tie_goes_to_the_one_with_most_headr
     # a config far faster is not given up for headroom
     _, wide, _ = propose(belief, replace(chosen, synthesize_schedules=False), COST)
     assert wide is not None and wide.config == EAGLE
+
+
+def test_a_never_run_speculative_config_is_doubted_for_speed_only_when_asked() -> None:
+    """A speculative config that never ran is predicted 28% faster per token on its prior
+    alone (acceptance sd 0.5): taken at the mean by default; with
+    `doubt_unproven_speculation`, read one sd slower, it is not faster, and the stay says so."""
+    priors = {"eagle3": AcceptanceCurve(0.5, 0.9)}
+    surrogate = Surrogate(COST, priors, prefill_ratio=PREFILL_RATIO, acceptance_sd={"eagle3": 0.5})
+    batch = 2.0
+    served = surrogate.predict(NO_SPEC, batch, CONTEXT).tokens_per_s
+    belief = Belief(
+        state=TunerState.initial(NO_SPEC, 0.0, priors),
+        batch=batch,
+        throughput=served,
+        context=CONTEXT,
+        acceptance=priors,
+        surrogate=surrogate,
+    )
+    chosen = settings()
+    _, at_the_mean, _ = propose_for_latency(belief, chosen.candidates, chosen, waiting=0.0)
+    assert at_the_mean is not None and at_the_mean.config == EAGLE
+    assert chosen.hysteresis < at_the_mean.gain < 0.5
+    doubting = replace(chosen, doubt_unproven_speculation=True)
+    _, doubted, why = propose_for_latency(belief, doubting.candidates, doubting, waiting=0.0)
+    assert doubted is None, doubted
+    assert why is not None and "never ran here, and read one sd slower" in why, why

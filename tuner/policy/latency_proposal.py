@@ -144,7 +144,12 @@ def propose_for_latency(
     # loses what is served, not what is asked for)
     served = belief.throughput
     running = replace(now, tokens_per_s=served, uncertainty=running_score.uncertainty)
-    read = {c: unproven_baseline(scores[c], current, ran, running_score) for c in candidates}
+    read = {
+        c: unproven_baseline(
+            scores[c], current, ran, running_score, settings.doubt_unproven_speculation
+        )
+        for c in candidates
+    }
     ranked = [(c, _as_prediction(read[c], curves[c], served, reference)) for c in candidates]
     best_config, best = fastest_or_safest(ranked, scores, peak, settings.near_tie)
     detail = _detail(scores[best_config], running_score, demand, peak)
@@ -346,7 +351,11 @@ def doubted_over(
 
 
 def unproven_baseline(
-    score: LatencyScore, current: SpecConfig, ran: set[SpecConfig], running: LatencyScore
+    score: LatencyScore,
+    current: SpecConfig,
+    ran: set[SpecConfig],
+    running: LatencyScore,
+    doubt_speculation: bool = False,
 ) -> LatencyScore:
     """No speculation, never run here, is scored one sd slower per token for a move made for
     speed (neither it nor the running config overloaded). Before it runs, its correction is
@@ -354,9 +363,13 @@ def unproven_baseline(
     world whose hardware is the slow part that half overrates it: started on EAGLE-3 in
     worlds 5 and 6 of the Poisson sweep at 0.7, the tuner left for it on +22% and +30%
     predicted and met 1.261x and 1.118x the best fixed policy's mean E2E; the moves that paid
-    were predicted at +99% and more. A move for capacity still trusts the baseline."""
+    were predicted at +99% and more. A move for capacity still trusts the baseline. With
+    `doubt_speculation` (`TunerSettings.doubt_unproven_speculation`) a speculative config that
+    never ran is read the same way: its speed is its acceptance prior's guess."""
     config = score.config
-    if config == current or config in ran or config.speculative:
+    if config == current or config in ran:
+        return score
+    if config.speculative and not doubt_speculation:
         return score
     if score.overloaded or running.overloaded:
         return score
