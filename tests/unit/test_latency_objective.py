@@ -292,17 +292,7 @@ def test_without_a_spare_gpu_a_canary_waits_until_the_pods_left_carry_the_load()
 def test_no_canary_trial_is_made_while_requests_wait() -> None:
     # under a queue a canary would measure the backlog, not the config, and its start takes
     # a replica from the drain: the same window without the queue is worth a trial
-    surrogate = Surrogate(COST, PRIORS, prefill_ratio=PREFILL_RATIO, acceptance_sd={"eagle3": 0.15})
-    batch = 48.0
-    demand = surrogate.predict(NO_SPEC, batch, CONTEXT).tokens_per_s
-    belief = Belief(
-        state=TunerState.initial(NO_SPEC, 0.0, PRIORS),
-        batch=batch,
-        throughput=demand,
-        context=CONTEXT,
-        acceptance=PRIORS,
-        surrogate=surrogate,
-    )
+    belief, _ = _belief_at(TunerState.initial(NO_SPEC, 0.0, PRIORS), 48.0, eagle_sd=0.15)
     on_a_canary = replace(settings(), exploration=1.0, trial_share=0.25)
     _, calm, _ = propose_for_latency(belief, CANDIDATES, on_a_canary, waiting=0.0)
     assert calm is not None and calm.trial and calm.config == EAGLE, calm
@@ -504,16 +494,24 @@ def test_a_move_for_speed_to_no_speculation_that_never_ran_reads_it_one_sd_slowe
     assert not at_the_mean.for_capacity and at_the_mean.gain > chosen.hysteresis
 
 
-def _belief_at(state: TunerState, batch: float) -> tuple[Belief, float]:
-    """No speculation serving exactly its prior at `batch`, and the demand that is."""
-    surrogate = Surrogate(COST, PRIORS, prefill_ratio=PREFILL_RATIO)
+def _belief_at(
+    state: TunerState,
+    batch: float,
+    priors: dict[str, AcceptanceCurve] = PRIORS,
+    eagle_sd: float = 0.0,
+) -> tuple[Belief, float]:
+    """No speculation serving exactly its prior at `batch`, and the demand that is; EAGLE-3's
+    acceptance known to `eagle_sd`."""
+    surrogate = Surrogate(
+        COST, priors, prefill_ratio=PREFILL_RATIO, acceptance_sd={"eagle3": eagle_sd}
+    )
     demand = surrogate.predict(NO_SPEC, batch, CONTEXT).tokens_per_s
     belief = Belief(
         state=state,
         batch=batch,
         throughput=demand,
         context=CONTEXT,
-        acceptance=PRIORS,
+        acceptance=priors,
         surrogate=surrogate,
     )
     return belief, demand
@@ -746,17 +744,8 @@ def test_a_never_run_speculative_config_is_doubted_for_speed_only_when_asked() -
     alone (acceptance sd 0.5): taken at the mean by default; with
     `doubt_unproven_speculation`, read one sd slower, it is not faster, and the stay says so."""
     priors = {"eagle3": AcceptanceCurve(0.5, 0.9)}
-    surrogate = Surrogate(COST, priors, prefill_ratio=PREFILL_RATIO, acceptance_sd={"eagle3": 0.5})
-    batch = 2.0
-    served = surrogate.predict(NO_SPEC, batch, CONTEXT).tokens_per_s
-    belief = Belief(
-        state=TunerState.initial(NO_SPEC, 0.0, priors),
-        batch=batch,
-        throughput=served,
-        context=CONTEXT,
-        acceptance=priors,
-        surrogate=surrogate,
-    )
+    state = TunerState.initial(NO_SPEC, 0.0, priors)
+    belief, _ = _belief_at(state, 2.0, priors, eagle_sd=0.5)
     chosen = settings()
     _, at_the_mean, _ = propose_for_latency(belief, chosen.candidates, chosen, waiting=0.0)
     assert at_the_mean is not None and at_the_mean.config == EAGLE
