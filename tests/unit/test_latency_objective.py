@@ -488,7 +488,7 @@ def test_a_move_for_speed_to_no_speculation_that_never_ran_reads_it_one_sd_slowe
     # the stay says what was passed over and why, not "predicted best"
     assert why is not None and why.startswith("no speculation would serve"), why
     assert "never ran here, and read one sd slower" in why
-    monkeypatch.setattr(latency_proposal, "unproven_baseline", lambda score, *_: score)
+    monkeypatch.setattr(latency_proposal, "read_unproven", lambda score, *_: score)
     _, at_the_mean, _ = propose_for_latency(belief, chosen.candidates, chosen, waiting=0.0)
     assert at_the_mean is not None and at_the_mean.config == NO_SPEC
     assert not at_the_mean.for_capacity and at_the_mean.gain > chosen.hysteresis

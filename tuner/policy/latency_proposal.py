@@ -7,8 +7,9 @@ capacity; when the measured batch is far above the running config's steady batch
 serves: `behind`; never below the recent peak, `TunerState.demand_peak`), and scores every
 config of the space with `latency.latency_score`, a method the tuner left for capacity held to
 what it showed then (`TunerState.capacity_exits`), a config that never ran read with the doubt
-`capacity_caution` gives its capacity, no speculation that never ran read one sd slower per
-token for a move made for speed (`unproven_baseline`), and takes the fastest for users (with
+`capacity_caution` gives its capacity, no speculation that never ran (and, with
+`TunerSettings.doubt_unproven_speculation`, any config that never ran) read one sd slower per
+token for a move made for speed (`read_unproven`), and takes the fastest for users (with
 `TunerSettings.near_tie`, of those nearly as fast, the one with the most headroom:
 `fastest_or_safest`). On a canary, no trial is made
 under a queue (the running config overloaded, or requests waiting) or while the replicas a
@@ -145,7 +146,7 @@ def propose_for_latency(
     served = belief.throughput
     running = replace(now, tokens_per_s=served, uncertainty=running_score.uncertainty)
     read = {
-        c: unproven_baseline(
+        c: read_unproven(
             scores[c], current, ran, running_score, settings.doubt_unproven_speculation
         )
         for c in candidates
@@ -334,7 +335,7 @@ def doubted_over(
 ) -> str | None:
     """Why the running config stays although a config would serve today's demand faster per
     token at the mean, by more than the hysteresis: read one sd slower, as a no speculation
-    that never ran is for a move made for speed (`unproven_baseline`), it is not faster. None
+    that never ran is for a move made for speed (`read_unproven`), it is not faster. None
     when no such config exists."""
     running = scores[current]
     for config, score in scores.items():
@@ -350,12 +351,12 @@ def doubted_over(
     return None
 
 
-def unproven_baseline(
+def read_unproven(
     score: LatencyScore,
     current: SpecConfig,
     ran: set[SpecConfig],
     running: LatencyScore,
-    doubt_speculation: bool = False,
+    doubt_speculation: bool,
 ) -> LatencyScore:
     """No speculation, never run here, is scored one sd slower per token for a move made for
     speed (neither it nor the running config overloaded). Before it runs, its correction is

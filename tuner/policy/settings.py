@@ -50,7 +50,7 @@ class TunerSettings:
     doubt_unproven_speculation: bool = False
     """Latency objective: a speculative config that never ran here is read one sd slower per
     token for a move made for speed, as a never-run no speculation always is
-    (`latency_proposal.unproven_baseline`): on its prior alone a small predicted gain is not
+    (`latency_proposal.read_unproven`): on its prior alone a small predicted gain is not
     taken (the step curve's n-gram schedules entered in lulls on a 1.38 prior acceptance, for
     +7.2% and +15.5%). Off by default; the bench's `specpilot:doubt-unproven` variant runs it."""
     rollout_share: float = 1.0
