@@ -108,13 +108,18 @@ class TunerState:
     operator observes 0.8 of each interval, so there it halves every 1.25 dwells of wall
     time): bursty traffic comes back to its peaks, and a config entered for its dwell must
     hold them, not just the trend of the last few windows."""
-    capacity_exits: tuple[tuple[str, float], ...] = ()
-    """(method, output tokens/s) per speculative method the tuner left for capacity: the most
-    it served in a window of the run it was left from (under a queue, its capacity), or, where
-    it still kept up with the demand, the capacity the tuner read for it if that is more
-    (`policy.decision.exit_ceiling`); raised to the most it has served since. The policy holds
-    the method's capacity to this (`policy.latency_proposal`): the physics prior's capacity at
-    a batch the method never ran at is a guess, and the exit is what was seen."""
+    capacity_exits: tuple[tuple[str, float, float], ...] = ()
+    """(method, output tokens/s, no speculation's capacity then) per speculative method the
+    tuner left for capacity: the most it served in a window of the run it was left from (under
+    a queue, its capacity), or, where it still kept up with the demand, the capacity the tuner
+    read for it if that is more (`policy.decision.exit_ceiling`); raised to the most it has
+    served since. The third figure is the capacity the tuner read for no speculation in the
+    exit window (0: unknown, a state written before it was kept): the policy carries the held
+    figure to today's batch and context by no speculation's capacity read now over that
+    (`policy.latency_proposal.exit_ceilings`), since what a method served at a light context
+    says what share of a GPU it gets, not what it serves under a heavier one. The physics
+    prior's capacity at a batch the method never ran at is a guess, and the exit is what was
+    seen."""
     served_peak: float = 0.0
     """The most output tokens/s the running config served in a window since it started: a
     method left for capacity has shown at least this (`policy.decision.exit_ceiling`)."""
@@ -312,15 +317,15 @@ class TunerState:
             state = replace(state, context_tokens=_blend(state.context_tokens, context))
         return state
 
-    def left_for_capacity(self, method: str, served: float) -> TunerState:
+    def left_for_capacity(self, method: str, served: float, baseline: float = 0.0) -> TunerState:
         """The tuner leaves `method` because its capacity falls short of the load ahead, in a
-        window where it served `served` output tokens/s (the latest exit replaces an older
-        one)."""
+        window where it served `served` output tokens/s and no speculation's capacity read
+        `baseline` (0: not read; the latest exit replaces an older one)."""
         if not (served > 0 and math.isfinite(served)):
             return self
-        exits = dict(self.capacity_exits)
-        exits[method] = served
-        return replace(self, capacity_exits=tuple(sorted(exits.items())))
+        exits = {m: (d, b) for m, d, b in self.capacity_exits}
+        exits[method] = (served, baseline if baseline > 0 and math.isfinite(baseline) else 0.0)
+        return replace(self, capacity_exits=tuple((m, d, b) for m, (d, b) in sorted(exits.items())))
 
     def served(self, config: SpecConfig, throughput: float) -> TunerState:
         """A window in which `config` served `throughput` output tokens/s: a method left for
@@ -328,12 +333,16 @@ class TunerState:
         state = self
         if config == self.current and throughput > self.served_peak:
             state = replace(state, served_peak=throughput)
-        exits = dict(self.capacity_exits)
-        ceiling = exits.get(config.method)
-        if ceiling is None or not config.speculative or not throughput > ceiling:
+        exits = {m: (d, b) for m, d, b in self.capacity_exits}
+        held = exits.get(config.method)
+        if held is None or not config.speculative or not throughput > held[0]:
             return state
-        exits[config.method] = throughput
-        return replace(state, capacity_exits=tuple(sorted(exits.items())))
+        # The exit's baseline stays: learning reads no model, so no speculation's capacity
+        # today is unknown here, and the next exit replaces both figures
+        exits[config.method] = (throughput, held[1])
+        return replace(
+            state, capacity_exits=tuple((m, d, b) for m, (d, b) in sorted(exits.items()))
+        )
 
     def measured_on_canary(self, config: SpecConfig) -> TunerState:
         """A trial's canary measured `config`; the main replicas did not move to it."""
@@ -415,7 +424,7 @@ class TunerState:
             "context_tokens": round(self.context_tokens, 1),
             "recent_batches": [round(b, 2) for b in self.recent_batches],
             "demand_peak": self.demand_peak,
-            "capacity_exits": [[m, round(d, 1)] for m, d in self.capacity_exits],
+            "capacity_exits": [[m, round(d, 1), round(b, 1)] for m, d, b in self.capacity_exits],
             "served_peak": self.served_peak,
             "canary_only": [c.to_dict() for c in self.canary_only],
             "last_window_s": self.last_window_s,
@@ -451,7 +460,7 @@ class TunerState:
             context_tokens=float(body.get("context_tokens", 0.0)),
             recent_batches=tuple(float(b) for b in body.get("recent_batches", [])),
             demand_peak=float(body.get("demand_peak", 0.0)),
-            capacity_exits=tuple((str(m), float(d)) for m, d in body.get("capacity_exits", [])),
+            capacity_exits=tuple(_capacity_exit(e) for e in body.get("capacity_exits", [])),
             served_peak=float(body.get("served_peak", 0.0)),
             canary_only=tuple(SpecConfig.from_dict(c) for c in body.get("canary_only", [])),
             last_window_s=_optional_float(body.get("last_window_s")),
@@ -474,6 +483,12 @@ def _blend(current: float, observed: float) -> float:
 
 def _optional_float(value: Any) -> float | None:
     return None if value is None else float(value)
+
+
+def _capacity_exit(value: Any) -> tuple[str, float, float]:
+    # a state written before the baseline was kept holds [method, tok/s]
+    method, served, *baseline = value
+    return str(method), float(served), float(baseline[0]) if baseline else 0.0
 
 
 def _floats(values: Any) -> tuple[float, ...]:

@@ -43,7 +43,9 @@ from specpilot.tuner.policy.latency_proposal import (
     BEYOND_SATURATION,
     behind,
     demand_ahead,
+    exit_ceilings,
     offered_demand,
+    plain_capacity,
     propose_for_latency,
     short_in_the_canary_start,
 )
@@ -529,15 +531,23 @@ def test_leaving_a_method_for_capacity_records_what_it_served() -> None:
     assert decision is not None and decision.action == "off", decision
     served = window(EAGLE, batch).generation_tokens_per_s
     assert served is not None
-    ((method, demand),) = state.capacity_exits
+    ((method, demand, baseline),) = state.capacity_exits
     assert method == "eagle3"
     # under a queue what it served is its capacity; the demand it was offered is more
     assert demand == pytest.approx(served, rel=1e-6)
     assert offered_demand(served, batch, waiting) > 2 * demand
-    ((read_method, read_demand),) = TunerState.from_json(state.to_json()).capacity_exits
-    assert (read_method, read_demand) == (method, pytest.approx(demand, abs=0.1))
-    # a state written before the field existed reads as no exits
+    # no speculation's capacity, read in the same window, is kept beside it
+    assert baseline > demand
+    read = TunerState.from_json(state.to_json()).capacity_exits
+    assert read == ((method, pytest.approx(demand, abs=0.1), pytest.approx(baseline, abs=0.1)),)
+    # a state written before the field existed reads as no exits, and one written before the
+    # baseline was kept as exits held to their figure
     old = json.loads(state.to_json())
+    old["capacity_exits"] = [[m, d] for m, d, _ in old["capacity_exits"]]
+    older = TunerState.from_json(json.dumps(old))
+    assert older.capacity_exits == (("eagle3", pytest.approx(demand, abs=0.1), 0.0),)
+    held = older.capacity_exits[0][1]
+    assert exit_ceilings(older.capacity_exits, 2 * baseline) == {"eagle3": held}
     del old["capacity_exits"]
     assert TunerState.from_json(json.dumps(old)).capacity_exits == ()
 
@@ -560,9 +570,37 @@ def test_a_method_left_for_capacity_is_held_to_what_it_served_until_it_serves_mo
     assert left.served(NO_SPEC, 3 * demand).capacity_exits == left.capacity_exits
     assert left.served(EAGLE, 0.5 * demand) == left
     lifted = left.served(EAGLE, 2 * demand)
-    assert lifted.capacity_exits == (("eagle3", 2 * demand),)
+    assert lifted.capacity_exits == (("eagle3", 2 * demand, 0.0),)
     _, again, _ = propose_for_latency(replace(belief, state=lifted), CANDIDATES, chosen, 0.0)
     assert again is not None and again.config == EAGLE
+
+
+def test_a_method_held_to_what_it_showed_is_carried_by_no_speculations_capacity() -> None:
+    """EAGLE-3 left for capacity at `demand`, where no speculation's capacity read `then`: held
+    to that figure while no speculation reads what it read then; where no speculation reads
+    twice what it did (a lighter context than at the exit), EAGLE-3 is held to twice as much
+    and may return; where it reads half, to half."""
+    chosen = replace(settings(), synthesize_schedules=False)
+    fresh = TunerState.initial(NO_SPEC, 0.0, PRIORS)
+    belief, demand = _belief_at(fresh, 32.0)
+    curves = dict(
+        zip(CANDIDATES, load_curves(CANDIDATES, belief.surrogate, CONTEXT, chosen), strict=True)
+    )
+    today = plain_capacity(curves)
+    assert today is not None and today > demand
+
+    def proposed(baseline_then: float) -> SpecConfig | None:
+        left = fresh.left_for_capacity("eagle3", demand, baseline_then)
+        _, proposal, _ = propose_for_latency(replace(belief, state=left), CANDIDATES, chosen, 0.0)
+        return None if proposal is None else proposal.config
+
+    assert proposed(today) != EAGLE
+    assert proposed(today / 2) == EAGLE
+    assert exit_ceilings((("eagle3", demand, today),), today) == {"eagle3": demand}
+    assert exit_ceilings((("eagle3", demand, today),), today / 2) == {"eagle3": demand / 2}
+    # no speculation not in the space, or an exit from an older state: the figure alone
+    assert exit_ceilings((("eagle3", demand, today),), None) == {"eagle3": demand}
+    assert exit_ceilings((("eagle3", demand, 0.0),), today) == {"eagle3": demand}
 
 
 def test_a_config_short_only_of_its_capacity_margin_is_priced_as_overloaded() -> None:
@@ -690,7 +728,8 @@ def test_a_method_left_under_a_queue_is_held_to_the_most_it_served_since_it_star
             observed = replace(observed, waiting_requests=400.0, generation_tokens_per_s=0.8 * best)
         decision, state = decide(observed, state, chosen, COST, 60.0 * (i + 1))
     assert decision is not None and decision.action == "off", decision
-    assert state.capacity_exits == (("eagle3", pytest.approx(best, rel=1e-6)),)
+    ((method, ceiling, _),) = state.capacity_exits
+    assert (method, ceiling) == ("eagle3", pytest.approx(best, rel=1e-6))
     # the switch starts the next config's count
     assert state.served_peak == 0.0
     assert TunerState.from_json(state.to_json()).served_peak == 0.0

@@ -136,7 +136,9 @@ def _decide_on(
     restarts = (*recent_restarts(state, now), now)
     if proposal.for_capacity and current.speculative and target.method != current.method:
         shown = max(belief.throughput, state.served_peak)
-        state = state.left_for_capacity(current.method, exit_ceiling(proposal, shown))
+        state = state.left_for_capacity(
+            current.method, exit_ceiling(proposal, shown), proposal.baseline_capacity or 0.0
+        )
     return Decision(
         action="switch" if target.speculative else "off",
         config=target,

@@ -6,7 +6,8 @@ forecast read through the running config's curve; at max-num-seqs, beyond the ru
 capacity; when the measured batch is far above the running config's steady batch, beyond what it
 serves: `behind`; never below the recent peak, `TunerState.demand_peak`), and scores every
 config of the space with `latency.latency_score`, a method the tuner left for capacity held to
-what it showed then (`TunerState.capacity_exits`), a config that never ran read with the doubt
+what it showed then, carried to today's conditions by no speculation's capacity
+(`exit_ceilings`), a config that never ran read with the doubt
 `capacity_caution` gives its capacity, no speculation that never ran (and, with
 `TunerSettings.doubt_unproven_speculation`, any config that never ran) read one sd slower per
 token for a move made for speed (`read_unproven`), and takes the fastest for users (with
@@ -114,11 +115,8 @@ def propose_for_latency(
     # and no speculation is the roofline's own baseline (what a world hides from the prior, it
     # hides from every config alike).
     ran = {r.config for r in state.residuals} - set(settings.unproven)
-    # A method left for capacity is held to what it served then until it serves more: under a
-    # queue that is its capacity, and short of one it is the load it was left at; the prior's
-    # capacity at a batch the method never ran at is a guess, and re-entering on that guess at
-    # the same load is how the policy flapped near capacity.
-    ceilings = dict(state.capacity_exits)
+    baseline = plain_capacity(curves)
+    ceilings = exit_ceilings(state.capacity_exits, baseline)
     running_score = latency_score(current, curves[current], demand, peak, 0.0, unit)
     # Hysteresis on capacity: a config is entered only with the margin to spare, and left only
     # once the load ahead overloads it; else a load near the margin flips it every dwell.
@@ -210,6 +208,7 @@ def propose_for_latency(
                 headroom=headroom(scores[best_config], peak),
                 mean_headroom=headroom(scores[best_config], peak, sds_down=0.0),
                 running_capacity=None if queued else running_score.capacity,
+                baseline_capacity=baseline,
             ),
             None,
         )
@@ -226,9 +225,38 @@ def propose_for_latency(
             speed_gain=now.tpot_s / at_batch[config].tpot_s - 1.0,
             detail=_detail(scores[config], running_score, demand, peak),
             for_capacity=running_score.overloaded,
+            baseline_capacity=baseline,
         ),
         None,
     )
+
+
+def plain_capacity(curves: dict[SpecConfig, Curve]) -> float | None:
+    """No speculation's capacity as the tuner reads it in this window (None: not in the
+    space): measured where it runs or ran, else the roofline's own baseline."""
+    plain = next((c for c in curves if not c.speculative), None)
+    return None if plain is None else backlog_point(curves[plain])[1].tokens_per_s
+
+
+def exit_ceilings(
+    exits: Sequence[tuple[str, float, float]], baseline: float | None
+) -> dict[str, float]:
+    """The capacity each method left for capacity is held to today (`TunerState.
+    capacity_exits`): what it showed then, carried by no speculation's capacity read now over
+    the one read then. Held to what it served alone until it serves more (under a queue that
+    is its capacity, short of one the load it was left at), since the prior's capacity at a
+    batch the method never ran at is a guess, and re-entering on that guess at the same load
+    is how the policy flapped near capacity. Carried, since a figure read at one batch and
+    context is not what the method serves at another: diurnal, started on EAGLE-3 K=3, world
+    7, left EAGLE-3 at 840 s (read at 6165 tok/s, no speculation 7346), and came back "for
+    capacity" at 1028 s under the evening peak, where no speculation served 5971 and EAGLE-3,
+    held to 6165, looked the larger; it left again at 1395 s (1.313x no speculation's mean
+    E2E, `yardstick-diurnal-vllm-surge-start-eagle3` at 36797df). Carried, EAGLE-3 reads
+    6165 / 7346 x 5971 = 5011 there. An exit without a baseline (an older state) is held to
+    its figure."""
+    if baseline is None or baseline <= 0:
+        return {method: shown for method, shown, _ in exits}
+    return {method: shown * baseline / then if then > 0 else shown for method, shown, then in exits}
 
 
 def fastest_or_safest(
@@ -293,7 +321,7 @@ def passed_over(
     if caution:
         read += f", read {caution:g} sd down: not yet run on the main replicas"
     if score.capacity < backlog_point(curves[config])[1].tokens_per_s:
-        read += ", capped at what it served when it was left for capacity"
+        read += ", capped at what it showed when it was left for capacity"
     margin = settings.entry_margin()
     return (
         f"{config.describe()} would serve the {demand:.0f} tok/s offered at "

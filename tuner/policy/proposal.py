@@ -57,6 +57,10 @@ class Proposal:
     demand (None under a queue, or where the objective does not price capacity): for a move
     made for the load ahead, what the tuner believed the config it leaves could serve
     (`decision.exit_ceiling`)."""
+    baseline_capacity: float | None = None
+    """No speculation's capacity as the objective read it in this window (None where the
+    objective does not price capacity or the space has no plain server): a method left for
+    capacity is held to what it showed relative to this (`TunerState.capacity_exits`)."""
 
 
 Trial = tuple[SpecConfig, Prediction, float, float]
@@ -143,6 +147,7 @@ def trial_proposal(
     speed_gain: float | None = None,
     detail: str | None = None,
     for_capacity: bool = False,
+    baseline_capacity: float | None = None,
 ) -> Proposal:
     """The proposal of a trial, in the gate's units (`running_rate`: the running config's)."""
     config, prediction, improvement, trial_failure = trial
@@ -160,4 +165,5 @@ def trial_proposal(
         speed_gain=speed_gain,
         detail=detail,
         for_capacity=for_capacity,
+        baseline_capacity=baseline_capacity,
     )
