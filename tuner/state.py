@@ -116,8 +116,9 @@ class TunerState:
     served since. The third figure is the capacity the tuner read for no speculation in the
     exit window (0: unknown, a state written before it was kept): the policy carries the held
     figure to today's batch and context by no speculation's capacity read now over that
-    (`policy.latency_proposal.exit_ceilings`), since what a method served at a light context
-    says what share of a GPU it gets, not what it serves under a heavier one. The physics
+    (`policy.latency_proposal.exit_ceilings`): a figure read at a light context overstates
+    what the method serves under a heavier one, and its ratio to no speculation carries
+    across batches and contexts where the figure does not. The physics
     prior's capacity at a batch the method never ran at is a guess, and the exit is what was
     seen."""
     served_peak: float = 0.0
