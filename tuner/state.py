@@ -324,9 +324,8 @@ class TunerState:
         `baseline` (0: not read; the latest exit replaces an older one)."""
         if not (served > 0 and math.isfinite(served)):
             return self
-        exits = {m: (d, b) for m, d, b in self.capacity_exits}
-        exits[method] = (served, baseline if baseline > 0 and math.isfinite(baseline) else 0.0)
-        return replace(self, capacity_exits=tuple((m, d, b) for m, (d, b) in sorted(exits.items())))
+        known = baseline if baseline > 0 and math.isfinite(baseline) else 0.0
+        return replace(self, capacity_exits=_with_exit(self.capacity_exits, method, served, known))
 
     def served(self, config: SpecConfig, throughput: float) -> TunerState:
         """A window in which `config` served `throughput` output tokens/s: a method left for
@@ -334,16 +333,13 @@ class TunerState:
         state = self
         if config == self.current and throughput > self.served_peak:
             state = replace(state, served_peak=throughput)
-        exits = {m: (d, b) for m, d, b in self.capacity_exits}
-        held = exits.get(config.method)
-        if held is None or not config.speculative or not throughput > held[0]:
+        held = next((e for e in self.capacity_exits if e[0] == config.method), None)
+        if held is None or not config.speculative or not throughput > held[1]:
             return state
         # The exit's baseline stays: learning reads no model, so no speculation's capacity
         # today is unknown here, and the next exit replaces both figures
-        exits[config.method] = (throughput, held[1])
-        return replace(
-            state, capacity_exits=tuple((m, d, b) for m, (d, b) in sorted(exits.items()))
-        )
+        exits = _with_exit(self.capacity_exits, config.method, throughput, held[2])
+        return replace(state, capacity_exits=exits)
 
     def measured_on_canary(self, config: SpecConfig) -> TunerState:
         """A trial's canary measured `config`; the main replicas did not move to it."""
@@ -484,6 +480,14 @@ def _blend(current: float, observed: float) -> float:
 
 def _optional_float(value: Any) -> float | None:
     return None if value is None else float(value)
+
+
+def _with_exit(
+    exits: tuple[tuple[str, float, float], ...], method: str, served: float, baseline: float
+) -> tuple[tuple[str, float, float], ...]:
+    """`exits` with `method`'s replaced (or added), sorted by method."""
+    kept = [e for e in exits if e[0] != method]
+    return tuple(sorted([*kept, (method, served, baseline)]))
 
 
 def _capacity_exit(value: Any) -> tuple[str, float, float]:
