@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -201,7 +202,7 @@ def main(argv: list[str] | None = None) -> None:
         out = RESULTS / f"ablations-{name}.json"
         policies = RUN_POLICIES.get(name, POLICIES)
         args = [*RUNS[name], "--policies", policies, "--worlds", str(ns.worlds)]
-        code = specpilot(["bench", *args, "--json", str(out)])
+        code = specpilot(["bench", *args, "--json", os.path.relpath(out)])
         if code != 0:
             raise SystemExit(f"{name}: specpilot bench exited {code}")
     text = ["# Ablations\n", __doc__.split("\n\n", 1)[1].strip(), ""]

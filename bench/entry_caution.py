@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
         "bench", "--trace", "bench/traces/azure_conv_2023.csv", "--poisson", ns.rates,
         "--gpu", "H100", "--model-profile", "llama-3.1-8b", "--engine", "vllm",
         "--rollout", "surge", "--worlds", str(ns.worlds), "--policies", ",".join(POLICIES),
-        "--json", str(OUT),
+        "--json", os.path.relpath(OUT),
     ]  # fmt: skip
     code = specpilot(args)
     if code != 0:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -103,7 +104,14 @@ def main() -> None:
     for name in ns.only or RUNS:
         out = RESULTS / f"yardstick-{name}.json"
         if not ns.render_only:
-            command = ["bench", *RUNS[name], "--worlds", str(ns.worlds), "--json", str(out)]
+            command = [
+                "bench",
+                *RUNS[name],
+                "--worlds",
+                str(ns.worlds),
+                "--json",
+                os.path.relpath(out),
+            ]
             code = specpilot(command)
             if code != 0:
                 raise SystemExit(f"{name}: specpilot bench exited {code}")

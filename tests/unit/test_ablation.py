@@ -102,7 +102,6 @@ def test_the_bench_runs_the_named_ablations_and_refuses_unknown_names(
         "specpilot:caution-1",
         "specpilot:caution-0",
         "specpilot:strict-fastest",
-        "specpilot:doubt-unproven",
     }
     for overrides in TUNED.values():  # each names settings that exist
         replace(TunerSettings(candidates=(EAGLE,)), **overrides)  # type: ignore[arg-type]

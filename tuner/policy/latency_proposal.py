@@ -8,8 +8,7 @@ serves: `behind`; never below the recent peak, `TunerState.demand_peak`), and sc
 config of the space with `latency.latency_score`, a method the tuner left for capacity held to
 what it showed then, carried to today's conditions by no speculation's capacity
 (`exit_ceilings`), a config that never ran read with the doubt
-`capacity_caution` gives its capacity, no speculation that never ran (and, with
-`TunerSettings.doubt_unproven_speculation`, any config that never ran) read one sd slower per
+`capacity_caution` gives its capacity, no speculation that never ran read one sd slower per
 token for a move made for speed (`read_unproven`), and takes the fastest for users (with
 `TunerSettings.near_tie`, of those nearly as fast, the one with the most headroom:
 `fastest_or_safest`). On a canary, no trial is made
@@ -143,12 +142,7 @@ def propose_for_latency(
     # loses what is served, not what is asked for)
     served = belief.throughput
     running = replace(now, tokens_per_s=served, uncertainty=running_score.uncertainty)
-    read = {
-        c: read_unproven(
-            scores[c], current, ran, running_score, settings.doubt_unproven_speculation
-        )
-        for c in candidates
-    }
+    read = {c: read_unproven(scores[c], current, ran, running_score) for c in candidates}
     ranked = [(c, _as_prediction(read[c], curves[c], served, reference)) for c in candidates]
     best_config, best = fastest_or_safest(ranked, scores, peak, settings.near_tie)
     detail = _detail(scores[best_config], running_score, demand, peak)
@@ -384,7 +378,6 @@ def read_unproven(
     current: SpecConfig,
     ran: set[SpecConfig],
     running: LatencyScore,
-    doubt_speculation: bool,
 ) -> LatencyScore:
     """No speculation, never run here, is scored one sd slower per token for a move made for
     speed (neither it nor the running config overloaded). Before it runs, its correction is
@@ -392,13 +385,11 @@ def read_unproven(
     world whose hardware is the slow part that half overrates it: started on EAGLE-3 in
     worlds 5 and 6 of the Poisson sweep at 0.7, the tuner left for it on +22% and +30%
     predicted and met 1.261x and 1.118x the best fixed policy's mean E2E; the moves that paid
-    were predicted at +99% and more. A move for capacity still trusts the baseline. With
-    `doubt_speculation` (`TunerSettings.doubt_unproven_speculation`) a speculative config that
-    never ran is read the same way: its speed is its acceptance prior's guess."""
+    were predicted at +99% and more. A move for capacity still trusts the baseline. A
+    speculative config that never ran is read at the mean: reading it the same way (a bench
+    variant until stop 50 of issue 11) changed no yardstick world by more than 0.016 at 7f3afec."""
     config = score.config
-    if config == current or config in ran:
-        return score
-    if config.speculative and not doubt_speculation:
+    if config == current or config in ran or config.speculative:
         return score
     if score.overloaded or running.overloaded:
         return score

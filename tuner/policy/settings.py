@@ -47,12 +47,6 @@ class TunerSettings:
     strict fastest (the bench's `specpilot:strict-fastest` variant); what 0.01 changed against
     it on the yardstick is in bench/results/strict-fastest-*.json and issue 11's notes of stops
     47 and 48."""
-    doubt_unproven_speculation: bool = False
-    """Latency objective: a speculative config that never ran here is read one sd slower per
-    token for a move made for speed, as a never-run no speculation always is
-    (`latency_proposal.read_unproven`): on its prior alone a small predicted gain is not
-    taken (the step curve's n-gram schedules entered in lulls on a 1.38 prior acceptance, for
-    +7.2% and +15.5%). Off by default; the bench's `specpilot:doubt-unproven` variant runs it."""
     rollout_share: float = 1.0
     """The share of the replicas serving while a rollout replaces them: (replicas -
     maxUnavailable) / replicas, 1 with a surge (maxUnavailable 0). Below 1 the replicas still

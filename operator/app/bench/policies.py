@@ -52,15 +52,12 @@ VARIANTS: dict[str, dict[str, object]] = {
     "specpilot:caution-1": {"entry_caution_sd": 1.0},
     "specpilot:caution-0": {"entry_caution_sd": 0.0},
     "specpilot:strict-fastest": {"near_tie": 0.0},
-    "specpilot:doubt-unproven": {"doubt_unproven_speculation": True},
 }
 """SpecPilot with a default set otherwise, by name: what the default's value buys or costs
 (caution: a never-run speculative config's capacity read one sd down, or at the mean, instead
 of half an sd down; under an overload never less than one sd down, whatever the setting;
 strict-fastest: the fastest for users, instead of the one with the most headroom over the
-load ahead among the configs within 1% of it; doubt-unproven: a never-run speculative config
-read one sd slower per token for a move made for speed, as a never-run no speculation is,
-instead of at the mean)."""
+load ahead among the configs within 1% of it)."""
 HANDOVER = "specpilot:handover"
 """The full tuner, its surges counted without the spare GPU's drain (`EmulatedDeployment`'s
 `surge_handover`): a surge's stopped replica hands what it holds to its replacement instead of
