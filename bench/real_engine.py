@@ -572,7 +572,7 @@ def slot_noise(slots: Sequence[Sequence[float]]) -> dict[str, float] | None:
     return {"slot_cv": round(cv, 3), "slot_noise": round(2.0 * cv * math.sqrt(2.0 / n), 3)}
 
 
-def switching_bound(report: dict[str, Any]) -> dict[str, Any] | None:
+def switching_bound(report: dict[str, Any], restart_share: float = 1.0) -> dict[str, Any] | None:
     """The best the run's ranked static configs could have reached as one policy that runs one
     of them per phase, starting from no speculation as SpecPilot does and paying SpecPilot's
     mean measured restart (or, with none measured, the static servers' mean start) as time
@@ -581,7 +581,9 @@ def switching_bound(report: dict[str, Any]) -> dict[str, Any] | None:
     or to a config no static ran), but what phase-by-phase switching among these configs was
     worth here against the restarts' price. With surge or pool switches a change costs no time
     without tokens (the old engine serves until the new one is up, or the pool's is up already),
-    and the bound is the best static of each phase. None before a phase has a best static."""
+    and the bound is the best static of each phase. `restart_share` scales the restart's price
+    (`duty_cycle_overall`'s duty: what it takes from a server loaded the whole phase). None
+    before a phase has a best static."""
     rows, policies = report.get("summary") or [], report.get("policies") or []
     if not rows or any("best_static" not in r for r in rows):
         return None
@@ -598,6 +600,7 @@ def switching_bound(report: dict[str, Any]) -> dict[str, Any] | None:
         restart_s = 0.0
     else:
         restart_s = statistics.mean(restarts) if restarts else statistics.mean(starts)
+    restart_s *= restart_share
     best: tuple[float, tuple[str, ...], int] | None = None
     for sequence in itertools.product(ranked, repeat=len(rows)):
         configs = [by_name[name]["config"] for name in ("none", *sequence)]
@@ -627,6 +630,39 @@ def overall_tok_s(policies: list[dict[str, Any]]) -> dict[str, float]:
         wall = sum(ph["wall_s"] for ph in p["phases"])
         out[p["policy"]] = round(tokens / wall, 2) if wall > 0 else 0.0
     return out
+
+
+def duty_cycle_overall(report: dict[str, Any]) -> dict[str, float] | None:
+    """SpecPilot's tokens/s over all phases with each restart charged at the share of its
+    phase's wall clock that SpecPilot's slots took (`duty`), not whole. The interleaved slots
+    give each policy about 1/(policies) of a phase's wall clock, and the tuner sees that wall
+    clock (its ticks, the dwell it prices a restart over), so a restart of R s costs R/W of a
+    phase W s long to a server loaded the whole time (an operator's is) but R/L of the L s
+    SpecPilot is loaded here: charged at L/W, it takes the share of the phase it would take
+    under continuous load. A phase's W leaves SpecPilot's own downtime out (the phase ran
+    longer by it). The bench's figure (`overall_tok_s`) charges restarts whole; this one is
+    shown beside it. None without recorded phase windows, or without SpecPilot."""
+    windows = report.get("phase_windows_utc") or []
+    pilot = next((p for p in report.get("policies", []) if p["kind"] == "specpilot"), None)
+    if pilot is None or not windows or len(windows) < len(pilot["phases"]):
+        return None
+    tokens = charged = downtime = 0.0
+    duties = []
+    for phase, (_, t0, t1) in zip(pilot["phases"], windows, strict=False):
+        serving = phase["wall_s"] - phase["downtime_s"]
+        duty = serving / max(t1 - t0 - phase["downtime_s"], serving, 1e-9)
+        duties.append(duty)
+        tokens += phase["tokens"]
+        charged += serving + phase["downtime_s"] * duty
+        downtime += phase["downtime_s"]
+    return {
+        "tokens_per_s": round(tokens / charged, 2) if charged > 0 else 0.0,
+        "duty": round(statistics.fmean(duties), 4),
+        "downtime_s": round(downtime, 1),
+        "charged_downtime_s": round(
+            charged - sum(p["wall_s"] - p["downtime_s"] for p in pilot["phases"]), 1
+        ),
+    }
 
 
 def overall_noise(report: dict[str, Any]) -> float | None:
@@ -1445,6 +1481,26 @@ def overall_line(report: dict[str, Any]) -> list[str]:
             "the standard error of a difference, from the spread between one static server's "
             "slots: `overall_noise`)."
         )
+    duty = duty_cycle_overall(report)
+    if duty is not None and duty["downtime_s"] > 0:
+        ranked = ranked_overall(report)
+        best = max(ranked, key=lambda k: ranked[k])
+        lines += [
+            "",
+            f"SpecPilot with each restart charged at its slots' share of the phase's wall clock "
+            f"(mean duty {duty['duty']:.3f}: {duty['downtime_s']} s of restarts count as "
+            f"{duty['charged_downtime_s']} s, what they would take from a server loaded the "
+            f"whole phase, as the tuner that priced them saw it): {duty['tokens_per_s']} tok/s, "
+            f"{duty['tokens_per_s'] / ranked[best]:.3f} of the best static ({best}); the "
+            "bench's figure above charges them whole (`duty_cycle_overall`).",
+        ]
+        scaled = switching_bound(report, duty["duty"])
+        if scaled:
+            lines[-1] += (
+                f" At that charge ({scaled['restart_s']} s per change) the best phase-by-phase "
+                f"sequence of the ranked static configs is {' -> '.join(scaled['sequence'])}, "
+                f"{scaled['changes']} changes, {scaled['tokens_per_s']} tok/s."
+            )
     bound = switching_bound(report)
     if bound:  # derived from the figures above
         lines += [

@@ -307,6 +307,56 @@ def test_the_twin_measures_noise_and_the_bound_prices_each_change_of_config() ->
     assert bound["tokens_per_s"] == 250.0
 
 
+def test_a_restart_charged_at_the_duty_takes_its_share_of_the_phases_wall_clock() -> None:
+    """SpecPilot loaded 10 s of a 70 s phase (60 s of it other policies' slots) and restarted
+    for 14 s inside its slot: the bench charges the 14 s whole, the duty's figure at 10/70 of
+    it (2 s), what it would take from a server loaded all 70 s; the bound prices a change the
+    same way."""
+    harness = _load("real_vllm.py") and sys.modules["real_engine"]
+    phases = [harness.Phase("c1", 1, 0.0), harness.Phase("c32", 32, 0.0)]
+    pilot, static = [harness.Tally(), harness.Tally()], [harness.Tally(), harness.Tally()]
+    pilot[0].add({"tokens": 1000, "requests": 1, "errors": 0}, 24.0, 14.0)
+    pilot[1].add({"tokens": 3000, "requests": 1, "errors": 0}, 10.0, 0.0)
+    for tally, made in zip(static, (1000, 3000), strict=True):
+        tally.add({"tokens": made, "requests": 1, "errors": 0}, 10.0, 0.0)
+    report = {
+        "policies": [
+            {
+                "policy": "none",
+                "kind": "static",
+                "config": "no speculation",
+                "start_s": 40.0,
+                "phases": [t.to_dict(p) for t, p in zip(static, phases, strict=True)],
+            },
+            {
+                "policy": "specpilot",
+                "kind": "specpilot",
+                "phases": [t.to_dict(p) for t, p in zip(pilot, phases, strict=True)],
+            },
+        ],
+        # the first phase ran 84 s: 70 s of slots and SpecPilot's 14 s restart
+        "phase_windows_utc": [["c1", 100.0, 184.0], ["c32", 184.0, 254.0]],
+        "specpilot": {"restart_intervals_s": [[5.0, 14.0]]},
+    }
+    report["overall_tok_s"] = harness.overall_tok_s(report["policies"])
+    report["summary"] = harness.summarize(report["policies"], phases)
+    assert report["overall_tok_s"]["specpilot"] == round(4000 / 34, 2)
+    duty = harness.duty_cycle_overall(report)
+    assert duty == {
+        "tokens_per_s": round(4000 / 22, 2),
+        "duty": round((10 / 70 + 10 / 70) / 2, 4),
+        "downtime_s": 14.0,
+        "charged_downtime_s": 2.0,
+    }
+    assert harness.switching_bound(report)["restart_s"] == 14.0
+    assert harness.switching_bound(report, duty["duty"])["restart_s"] == 2.0
+    line = "".join(harness.overall_line(report))
+    assert f"{duty['tokens_per_s']} tok/s" in line and "(`duty_cycle_overall`)" in line
+    # a run without phase windows (or without SpecPilot) has no such figure
+    assert harness.duty_cycle_overall({**report, "phase_windows_utc": []}) is None
+    assert harness.duty_cycle_overall({**report, "policies": report["policies"][:1]}) is None
+
+
 def test_a_surge_switch_is_timed_but_not_counted_as_downtime(tmp_path: Path) -> None:
     """SpecPilot's engine under `--switch surge` serves while the next one starts (here the
     emulator as a real process on two ports): the switch is recorded, its time is not time
