@@ -206,7 +206,8 @@ def decision_row(
         restart_downtime_s=chosen["restart_downtime_s"],
         expected_dwell_s=chosen["expected_dwell_s"],
         hysteresis=chosen["hysteresis"],
-        window_s=chosen["window_s"],
+        # the tuner's window, where the run recorded it (its loop observed `window_s`)
+        window_s=chosen.get("tuner_window_s", chosen["window_s"]),
     )
     k_top = ks[-1]
     if prior_label == "chat prior":
