@@ -646,22 +646,21 @@ def duty_cycle_overall(report: dict[str, Any]) -> dict[str, float] | None:
     pilot = next((p for p in report.get("policies", []) if p["kind"] == "specpilot"), None)
     if pilot is None or not windows or len(windows) < len(pilot["phases"]):
         return None
-    tokens = charged = downtime = 0.0
+    tokens = served = charged = downtime = 0.0
     duties = []
     for phase, (_, t0, t1) in zip(pilot["phases"], windows, strict=False):
         serving = phase["wall_s"] - phase["downtime_s"]
         duty = serving / max(t1 - t0 - phase["downtime_s"], serving, 1e-9)
         duties.append(duty)
         tokens += phase["tokens"]
+        served += serving
         charged += serving + phase["downtime_s"] * duty
         downtime += phase["downtime_s"]
     return {
         "tokens_per_s": round(tokens / charged, 2) if charged > 0 else 0.0,
         "duty": round(statistics.fmean(duties), 4),
         "downtime_s": round(downtime, 1),
-        "charged_downtime_s": round(
-            charged - sum(p["wall_s"] - p["downtime_s"] for p in pilot["phases"]), 1
-        ),
+        "charged_downtime_s": round(charged - served, 1),
     }
 
 
