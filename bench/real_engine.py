@@ -730,8 +730,8 @@ def probe_markdown_head(report: dict[str, Any], title: str) -> list[str]:
     return [
         f"# {title}",
         "",
-        f"Commit `{report['commit']}`; command `{report['command']}`; seeds: none (fixed "
-        "prompts, temperature 0).",
+        f"Commit `{report['commit']}`; command `{report['command']}`; seeds: "
+        f"{report.get('seeds') or 'none (fixed prompts, temperature 0)'}.",
         f"Started {report['started_utc']}, {report['wall_min']:.1f} min wall; {report['machine']}.",
         "",
     ]
@@ -796,14 +796,17 @@ def arm_rounds(
     measure: Callable[[str, Phase], dict[str, Any]],
     summarize: Callable[[list[dict[str, dict[str, Any]]]], dict[str, Any]],
     markdown: Callable[[dict[str, Any]], str],
+    temperature: float = 0.0,
 ) -> None:
     """The rounds of a one-server probe that compares arms (bench/scrape_cost.py,
-    bench/tick_cost.py): per concurrency of `ns.concurrency`, `ns.rounds` rounds of one slot
-    per arm in the round's order (`arms_of_round`, so drift lands on every arm alike), each
-    slot `measure`d; each concurrency's rounds and their `summarize` appended to
-    `report["concurrencies"]` and the report written to `ns.out` as it grows."""
+    bench/tick_cost.py): per concurrency of `ns.concurrency` (its clients at `temperature`),
+    `ns.rounds` rounds of one slot per arm in the round's order (`arms_of_round`, so drift
+    lands on every arm alike), each slot `measure`d; each concurrency's rounds and their
+    `summarize` appended to `report["concurrencies"]` and the report written to `ns.out` as it
+    grows."""
     for c in ns.concurrency:
-        phase = Phase(f"c{c} greedy", c, 0.0)
+        mode = f"temp{temperature:g}" if temperature else "greedy"
+        phase = Phase(f"c{c} {mode}", c, temperature)
         rounds: list[dict[str, dict[str, Any]]] = []
         for r in range(ns.rounds):
             row = {arm: measure(arm, phase) for arm in arms_of_round(r)}

@@ -1,20 +1,22 @@
-"""What SpecPilot's tick costs its own slot: one real vLLM server's tokens/s in a static
-policy's slot and in a SpecPilot slot, on the same server and config.
+"""What SpecPilot's tick costs its own slot: one real server's tokens/s (vLLM or SGLang) in a
+static policy's slot and in a SpecPilot slot, on the same server and config.
 
-Contract: one run starts one real vLLM server on `--config` (bench/real_vllm.py's
-`make_engine`, the real-vLLM bench's launch), warms it up, then per concurrency runs `--rounds`
-rounds of one slot per arm, the order alternating each round so the host's drift lands on both
-arms alike. Arm "static" is a static policy's slot (`real_engine.slot`); arm "tick" is a
-SpecPilot slot (`real_engine.pilot_slot`: 1 s in, the loop observes a window of the slot less
-1 s, parsing its scrapes, and decides, in the clients' process) under the settings the real
-bench's `--switch shared` gives it. Every candidate maps to this one server
-(`SharedServers`), so whatever the tuner decides the load stays on the same server and config:
-the ratio is the tick's cost alone. The tuner's step cost is the H100 catalog's (what it
-decides does not matter here; that it decides does). Each slot records its tokens/s and the
-tick's CPU milliseconds in its thread (`time.thread_time`).
+Contract: one run starts one real server of `--engine` on ngram `--k` (the `make_engine` of
+bench/real_vllm.py or bench/real_sglang.py, the real benches' launch), warms it up, then per
+concurrency runs `--rounds` rounds of one slot per arm at `--temperature`, the order
+alternating each round so the host's drift lands on both arms alike. Arm "static" is a static
+policy's slot (`real_engine.slot`); arm "tick" is a SpecPilot slot (`real_engine.pilot_slot`:
+1 s in, the loop observes a window of the slot less 1 s, parsing its scrapes, and decides, in
+the clients' process) under the settings the real bench's `--switch shared` gives it. Every
+candidate maps to this one server (`SharedServers`), so whatever the tuner decides the load
+stays on the same server and config: the ratio is the tick's cost alone. The tuner's step cost
+is the H100 catalog's (what it decides does not matter here; that it decides does). Each slot
+records its tokens/s and the tick's CPU milliseconds in its thread (`time.thread_time`).
 
 Run: HF_HUB_OFFLINE=1 .venv/bin/python bench/tick_cost.py   (~5 min on 2 cores; a quiet host)
-Writes bench/results/tick_cost.json and .md.
+Writes bench/results/tick_cost.json and .md. SGLang (real_sglang.py's servers, its temperature
+phases): `--engine sglang --concurrency 8 1 --temperature 0.7 --out
+bench/results/tick_cost-sglang-temp0.7.json`.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +37,8 @@ BENCH = str(Path(__file__).resolve().parent)
 if BENCH not in sys.path:
     sys.path.insert(0, BENCH)
 
+import real_sglang  # noqa: E402
+import real_vllm  # noqa: E402
 from real_engine import (  # noqa: E402
     RESULTS,
     Phase,
@@ -46,21 +51,28 @@ from real_engine import (  # noqa: E402
     slot,
     warm_up,
 )
-from real_vllm import KV_CACHE_GIB, MAX_NUM_SEQS, make_engine  # noqa: E402
 
 ARMS = ("static", "tick")
 LEAD_S = 1.0
 """As the real bench: the loop's window starts 1 s into SpecPilot's slot."""
+ENGINES: dict[str, tuple[str, Callable[[int, Path], TimedEngine], dict[str, Any]]] = {
+    "vllm": ("vLLM", real_vllm.make_engine, {"max_batch": real_vllm.MAX_NUM_SEQS}),
+    # SGLang refuses a per-batch K schedule for NGRAM, as in bench/real_sglang.py
+    "sglang": ("SGLang", real_sglang.make_engine, {"synthesize_schedules": False}),
+}
+"""Engine: (label, its real bench's launch, the tuner settings its real bench overrides)."""
 
 
-def pilot_loop(engine: TimedEngine, config: SpecConfig, window_s: float) -> ControlLoop:
+def pilot_loop(
+    engine: TimedEngine, config: SpecConfig, window_s: float, engine_overrides: dict[str, Any]
+) -> ControlLoop:
     """SpecPilot's loop as the real bench's `--switch shared` runs it, every candidate on
     `engine`."""
     candidates = (
         SpecConfig(),
         *(SpecConfig(method="ngram", num_speculative_tokens=k) for k in (1, 3, 5)),
     )
-    overrides = {"max_batch": MAX_NUM_SEQS, "synthesize_schedules": False, "warm_switches": True}
+    overrides = {"synthesize_schedules": False, "warm_switches": True, **engine_overrides}
     settings = TunerSettings(
         candidates=candidates,
         min_dwell_s=20.0,
@@ -110,10 +122,18 @@ def summarize(rounds: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
     }
 
 
+def sampled(report: dict[str, Any]) -> str:
+    """How the clients sampled, where not greedily."""
+    temperature = report.get("temperature", 0.0)
+    return f", clients at temperature {temperature:g}" if temperature else ""
+
+
 def markdown(report: dict[str, Any]) -> str:
     lines = [
-        *probe_markdown_head(report, "What SpecPilot's tick costs its slot (real vLLM)"),
-        f"One server on {report['config']}; {report['rounds']} rounds of one "
+        *probe_markdown_head(
+            report, f"What SpecPilot's tick costs its slot (real {report.get('engine', 'vLLM')})"
+        ),
+        f"One server on {report['config']}{sampled(report)}; {report['rounds']} rounds of one "
         f"{report['slot_seconds']:g} s slot per arm, order alternating; ratio = the tick "
         "slot's tokens/s over the static slot's in the same round.",
         "",
@@ -141,26 +161,47 @@ def main() -> int:
     parser.add_argument("--slot-seconds", type=float, default=11.0)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[32, 1])
     parser.add_argument("--k", type=int, default=5, help="the server's ngram K (0: none)")
+    parser.add_argument("--engine", choices=sorted(ENGINES), default="vllm")
+    parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--port", type=int, default=8395)
     parser.add_argument("--out", type=Path, default=RESULTS / "tick_cost.json")
     ns = parser.parse_args()
-    if ns.rounds < 1 or ns.slot_seconds < 4.0 or min(ns.concurrency) < 1 or ns.k < 0:
+    if (
+        ns.rounds < 1
+        or ns.slot_seconds < 4.0
+        or min(ns.concurrency) < 1
+        or ns.k < 0
+        or ns.temperature < 0
+    ):
         parser.error(
-            "--rounds must be >= 1, --slot-seconds >= 4, every --concurrency >= 1, --k >= 0"
+            "--rounds must be >= 1, --slot-seconds >= 4, every --concurrency >= 1, --k >= 0, "
+            "--temperature >= 0"
         )
+    label, make_engine, engine_overrides = ENGINES[ns.engine]
     config = SpecConfig(method="ngram", num_speculative_tokens=ns.k) if ns.k else SpecConfig()
     started = time.time()
     report: dict[str, Any] = {
         **probe_head("bench/tick_cost.py", started, ns.rounds, ns.slot_seconds),
+        **(
+            {
+                "seeds": f"none drawn by the clients (fixed prompts, temperature "
+                f"{ns.temperature:g}); the server samples with "
+                + ("--random-seed 0" if ns.engine == "sglang" else "vLLM's default --seed 0")
+            }
+            if ns.temperature
+            else {}
+        ),
+        "engine": label,
         "config": config.describe(),
-        "kv_cache_gib": KV_CACHE_GIB,
+        "temperature": ns.temperature,
+        **({"kv_cache_gib": real_vllm.KV_CACHE_GIB} if ns.engine == "vllm" else {}),
         "concurrencies": [],
     }
     engine = make_engine(ns.port, Path(tempfile.mkdtemp(prefix="tick-cost-")))
     try:
         engine.apply(config)
         warm_up(engine.url)
-        loop = pilot_loop(engine, config, ns.slot_seconds - LEAD_S)
+        loop = pilot_loop(engine, config, ns.slot_seconds - LEAD_S, engine_overrides)
         arm_rounds(
             ns,
             report,
@@ -169,6 +210,7 @@ def main() -> int:
             lambda arm, phase: run_arm(arm, engine, loop, phase, ns.slot_seconds),
             summarize,
             markdown,
+            temperature=ns.temperature,
         )
     finally:
         engine.stop()

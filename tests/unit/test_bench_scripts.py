@@ -610,9 +610,9 @@ def test_cpu_seconds_by_process_reads_each_process_of_the_groups() -> None:
     assert cpu_seconds_by_process(set()) == {}
 
 
-@pytest.mark.parametrize("probe", ["scrape_cost", "engine_batch"])
+@pytest.mark.parametrize("probe", ["scrape_cost", "engine_batch", "tick_cost"])
 def test_one_server_probes_still_render_their_committed_results(probe: str) -> None:
-    """The two one-server probes share their report's head (real_engine.probe_head); their
+    """The one-server probes share their report's head (real_engine.probe_head); their
     Markdown is still what their committed runs wrote."""
     report = json.loads((RESULTS / f"{probe}.json").read_text())
     assert _load(f"{probe}.py").markdown(report) == (RESULTS / f"{probe}.md").read_text()
