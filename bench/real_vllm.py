@@ -156,8 +156,8 @@ def markdown(report: dict[str, Any]) -> str:
         f"Started {report['started_utc']}, {report['wall_min']:.1f} min wall; {report['machine']}.",
         *executor_lines(report),
         "",
-        "All policies ran in this one run, on the same shared 2-core machine (other agents' jobs "
-        f"ran beside it), {servers_phrase(report, 'vLLM')}, all servers up at once and loaded "
+        "All policies ran in this one run, on the same shared 2-core machine, "
+        f"{servers_phrase(report, 'vLLM')}, all servers up at once and loaded "
         "one at a time in interleaved slots: each phase is "
         f"{report['rounds']} rounds of one {report['slot_seconds']:.0f} s slot per policy, "
         "the order rotating, so load from elsewhere spreads over all policies and ratios within "
