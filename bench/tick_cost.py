@@ -186,7 +186,11 @@ def main() -> int:
             {
                 "seeds": f"none drawn by the clients (fixed prompts, temperature "
                 f"{ns.temperature:g}); the server samples with "
-                + ("--random-seed 0" if ns.engine == "sglang" else "vLLM's default --seed 0")
+                + (
+                    f"--random-seed {real_sglang.SERVER_SEED}"
+                    if ns.engine == "sglang"
+                    else "vLLM's default --seed 0"
+                )
             }
             if ns.temperature
             else {}
