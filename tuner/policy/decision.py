@@ -127,9 +127,11 @@ def _decide_on(
         silent_since is not None and settings.trial_share < 1.0 and not proposal.for_capacity
     )
     if silent_since is not None:
+        wait = belief.retest_waits.get(target.method)
         reason += (
             f"; re-testing {target.method}, which drafted nothing {now - silent_since:.0f}s "
             "ago, on what it accepted before"
+            + (f" ({wait.describe()})" if wait is not None else "")
             + (" (on a canary)" if retest_on_canary and not proposal.trial else "")
         )
     speed_gain = proposal.gain if proposal.speed_gain is None else proposal.speed_gain

@@ -25,7 +25,7 @@ which the main replicas' windows measure) and says what it learned. Pure: `now` 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from specpilot.tuner._model.acceptance import AcceptanceCurve
 from specpilot.tuner._model.step_cost import StepCost
@@ -37,6 +37,14 @@ from specpilot.tuner.policy.proposal import trial_span_s
 from specpilot.tuner.policy.settings import TunerSettings
 from specpilot.tuner.spec_config import SpecConfig
 from specpilot.tuner.state import TunerState
+
+MIN_RETEST_GAIN = 0.05
+"""A method predicted to gain less than this once matched is re-tested as if it gained this:
+the wait would grow without bound, and a re-test then costs nothing (the tuner switches only
+to a config predicted faster than the running one)."""
+MIN_RETEST_LOSS = 0.05
+"""A re-test is priced at least this share of its span: one window that read no loss (a noisy
+read) would otherwise, with no restart lost, re-test at every window."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -55,9 +63,11 @@ class Belief:
     surrogate: Surrogate
     """The physics prior corrected by the learned residuals, with the estimates' spread."""
     retested: tuple[tuple[str, float], ...] = ()
+    """(method, when it drafted nothing) per method this window's belief re-tests."""
+    retest_waits: dict[str, RetestWait] = field(default_factory=dict)
+    """Per re-tested method, the wait it was due after and what set it."""
     load_rise: float | None = None
     """`Observation.load_rise` of the window: how far the load moved inside it."""
-    """(method, when it drafted nothing) per method this window's belief re-tests."""
 
 
 def learn(
@@ -81,7 +91,6 @@ def learn(
             + " unknown or idle in this window"
         )
 
-    posterior = settings.acceptance_model == "posterior"
     was_silent = state.drafted_nothing_since(current.method) is not None
     # a config's first window after a switch may be a re-test that drafts nothing again: the
     # traffic did not change then, the tuner's bet on it did
@@ -98,15 +107,19 @@ def learn(
         and state.drafted_nothing_since(current.method) is not None
     )
     state = state.note_regime(batch, went_silent, now)
-    wait = retest_after_s(settings, state, now)
-    due = tuple((m, t) for m, t in state.no_drafts if now - t >= wait)
-    state = state.retest([m for m, _ in due])
     context = state.context_tokens or settings.context_tokens
-    prompt = state.prompt_tokens if settings.lumpy_prefill else 0.0
+    measures_speed = _measures_speed(state, settings, observation.window_s, now)
+    if _drafted_nothing(current, observation) and measures_speed:
+        plain = _surrogate(state, settings, cost).predict(SpecConfig(), batch, context)
+        state = state.learn_no_draft_loss(current.method, 1.0 - throughput / plain.tokens_per_s)
+    waits = {
+        method: _retest_wait(method, state, settings, cost, batch, context, now)
+        for method, _ in state.no_drafts
+    }
+    due = tuple((m, t) for m, t in state.no_drafts if now - t >= waits[m].seconds)
+    state = state.retest([m for m, _ in due])
     acceptance = _curves(state, settings)
-    if not _drafted_nothing(current, observation) and _measures_speed(
-        state, settings, observation.window_s, now
-    ):
+    if not _drafted_nothing(current, observation) and measures_speed:
         # A window that saw a switch also saw the restart's downtime and refill, and the first
         # window a new engine serves is a cold one's (on the real vLLM CPU server, 326 tok/s
         # against 666 on the same load before the switch: bench/results/real_vllm.md at
@@ -115,15 +128,7 @@ def learn(
         # throughput).
         prior = _prior_rate(state, current, batch, settings, cost)
         state = state.learn_throughput(current, batch, throughput / prior)
-    surrogate = Surrogate(
-        cost,
-        acceptance,
-        residuals=state.residuals,
-        prefill_ratio=state.prefill_ratio,
-        prompt_tokens=prompt,
-        acceptance_sd=state.acceptance_sd() if posterior else average_sd(state),
-        residual_gp=settings.residual_model == "gp",
-    )
+    surrogate = _surrogate(state, settings, cost)
     demand = offered_demand(throughput, batch, observation.waiting_requests or 0.0)
     return Belief(
         state=replace(
@@ -138,21 +143,81 @@ def learn(
         acceptance=acceptance,
         surrogate=surrogate,
         retested=due,
+        retest_waits={m: waits[m] for m, _ in due},
         load_rise=observation.load_rise,
     )
 
 
-def retest_after_s(settings: TunerSettings, state: TunerState, now: float) -> float:
+@dataclass(frozen=True, slots=True)
+class RetestWait:
+    """How long after a method drafted nothing the tuner bets on its counts again, and why."""
+
+    seconds: float
+    loss: float
+    """The share of the plain server's speed a re-test loses if the traffic is still unmatched."""
+    gain: float
+    """The share the method gains over no speculation once the traffic matches again."""
+
+    def describe(self) -> str:
+        return (
+            f"due after {self.seconds:.0f}s: drafting nothing lost {self.loss:.0%}, "
+            f"drafting is predicted to gain {self.gain:+.0%} here"
+        )
+
+
+def retest_after_s(
+    settings: TunerSettings, state: TunerState, now: float, loss: float = 1.0, gain: float = 1.0
+) -> float:
     """How long after a method drafted nothing the tuner bets on its counts again.
 
-    Traffic changes regime every `regime_dwell_s` on average. Re-testing every T costs a
-    trial's span (its window, and the restarts there and back) once per T, and a change back
-    to traffic the method can match is found T/2 late on average; with the loss while it
-    drafts nothing about the gain it makes when it can, the sum of the two is least at
-    T = sqrt(2 x dwell x span): with the defaults (900 s dwell before any window, 300 s minimum
-    dwell, 60 s restarts) 869 s."""
-    span = trial_span_s(settings) + 2.0 * settings.restart_downtime_s
-    return math.sqrt(2.0 * regime_dwell_s(settings, state, now) * span)
+    Traffic changes regime every `regime_dwell_s` (D) on average. Re-testing every T costs,
+    once per T, the restarts there and back (R each, all serving lost) and a trial's span (S)
+    at `loss`, the share of the plain server's speed the method loses while it drafts nothing;
+    a change back to traffic it can match is found T/2 late on average, at `gain`, the share
+    it gains then. The sum of the two is least at T = sqrt(2 D (2R + S x loss) / gain). With
+    loss and gain equal and the defaults (900 s dwell before any window, 300 s minimum dwell,
+    60 s restarts) 869 s. On vLLM's CPU build with shared switches (no restart lost) n-gram
+    K=5 lost about a quarter drafting nothing at concurrency 1 and gained about +79% matched
+    (bench/results/real_vllm-shared-rounds6.md, 2938c8b): sqrt(0.25 / 0.79), 0.56 of the wait
+    that counts them equal."""
+    risked = 2.0 * settings.restart_downtime_s + trial_span_s(settings) * max(loss, MIN_RETEST_LOSS)
+    dwell = regime_dwell_s(settings, state, now)
+    return math.sqrt(2.0 * dwell * risked / max(gain, MIN_RETEST_GAIN))
+
+
+def _surrogate(state: TunerState, settings: TunerSettings, cost: StepCost) -> Surrogate:
+    """The physics prior corrected by the residuals `state` holds, at its acceptance."""
+    posterior = settings.acceptance_model == "posterior"
+    return Surrogate(
+        cost,
+        _curves(state, settings),
+        residuals=state.residuals,
+        prefill_ratio=state.prefill_ratio,
+        prompt_tokens=state.prompt_tokens if settings.lumpy_prefill else 0.0,
+        acceptance_sd=state.acceptance_sd() if posterior else average_sd(state),
+        residual_gp=settings.residual_model == "gp",
+    )
+
+
+def _retest_wait(
+    method: str,
+    state: TunerState,
+    settings: TunerSettings,
+    cost: StepCost,
+    batch: float,
+    context: float,
+    now: float,
+) -> RetestWait:
+    """`retest_after_s` for `method` at this window's load: the gain its best candidate is
+    predicted to make over no speculation on what it accepted when it drafted, the loss its
+    windows without a draft measured (the gain until one has: the two counted alike)."""
+    matched = _surrogate(state.retest([method]), settings, cost)
+    configs = [c for c in settings.candidates if c.speculative and c.method == method]
+    plain, *rates = matched.predict_many([SpecConfig(), *configs], batch, context)
+    gain = max((r.tokens_per_s for r in rates), default=plain.tokens_per_s)
+    gain = gain / plain.tokens_per_s - 1.0
+    loss = dict(state.no_draft_loss).get(method, gain)
+    return RetestWait(retest_after_s(settings, state, now, loss, gain), loss, gain)
 
 
 def regime_dwell_s(settings: TunerSettings, state: TunerState, now: float) -> float:
