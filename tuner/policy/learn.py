@@ -175,11 +175,11 @@ def retest_after_s(
     at `loss`, the share of the plain server's speed the method loses while it drafts nothing;
     a change back to traffic it can match is found T/2 late on average, at `gain`, the share
     it gains then. The sum of the two is least at T = sqrt(2 D (2R + S x loss) / gain). With
-    loss and gain equal and the defaults (900 s dwell before any window, 300 s minimum dwell,
-    60 s restarts) 869 s. On vLLM's CPU build with shared switches (no restart lost) n-gram
-    K=5 lost about a quarter drafting nothing at concurrency 1 and gained about +79% matched
-    (bench/results/real_vllm-shared-rounds6.md, 2938c8b): sqrt(0.25 / 0.79), 0.56 of the wait
-    that counts them equal."""
+    loss and gain both 1 (the defaults here) and the settings' defaults (900 s dwell before
+    any window, 300 s minimum dwell, 60 s restarts) 869 s. On vLLM's CPU build with shared
+    switches (no restart lost) n-gram K=5 lost about a quarter drafting nothing at concurrency
+    1 and gained about +79% matched (bench/results/real_vllm-shared-rounds6.md, 2938c8b):
+    sqrt(0.25 / 0.79), 0.56 of the wait that counts them equal."""
     risked = 2.0 * settings.restart_downtime_s + trial_span_s(settings) * max(loss, MIN_RETEST_LOSS)
     dwell = regime_dwell_s(settings, state, now)
     return math.sqrt(2.0 * dwell * risked / max(gain, MIN_RETEST_GAIN))
