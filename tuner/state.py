@@ -152,8 +152,9 @@ class TunerState:
     server's predicted speed such windows lost (0 to 1), blended over them
     (`learn_no_draft_loss`). What a re-test that finds the traffic still unmatched costs
     (`policy.learn.retest_after_s`); on vLLM's CPU build n-gram K=5 drafting nothing served
-    about a quarter less than no speculation at concurrency 1 and 6-17% less at 32 (static
-    arms of bench/results/real_vllm-shared-rounds6.md at 2938c8b)."""
+    about a quarter less than no speculation at concurrency 1 and 17% less at 32 (static arms
+    of bench/results/real_vllm-shared-rounds6.md at 2938c8b; 30% and 28% in its rerun at
+    73dff18)."""
     regime_changes: int = 0
     """Changes of the traffic's regime seen since `watched_since_s` (`note_regime`): the load
     stepping by REGIME_BATCH_STEP from where the last change left it, or the running method,
