@@ -153,7 +153,7 @@ class TunerState:
     (`learn_no_draft_loss`). What a re-test that finds the traffic still unmatched costs
     (`policy.learn.retest_after_s`); on vLLM's CPU build n-gram K=5 drafting nothing served
     about a quarter less than no speculation at concurrency 1 and 17% less at 32 (static arms
-    of bench/results/real_vllm-shared-rounds6.md at 2938c8b; 30% and 28% in its rerun at
+    of bench/results/real_vllm-shared-rounds6.md at 2938c8b; 29% and 28% in its rerun at
     73dff18)."""
     regime_changes: int = 0
     """Changes of the traffic's regime seen since `watched_since_s` (`note_regime`): the load
