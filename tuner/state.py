@@ -70,6 +70,13 @@ REGIME_BATCH_STEP = 2.0
 """A load that moves this factor either way from where the last regime change left it has
 changed regime (memory-bound to compute-bound spans more; a window's noise, much less)."""
 
+
+def residual_bucket(batch: float) -> int:
+    """The load bucket a window's residual is summarised in: its mean batch's nearest power of
+    two (batches under 1 in the first)."""
+    return round(math.log2(max(batch, 1.0)))
+
+
 AcceptanceCounts = tuple[str, tuple[float, ...], tuple[float, ...], tuple[float, ...]]
 """(method, accepted per position, tried per position, task weights they were measured under)."""
 
@@ -397,11 +404,19 @@ class TunerState:
         decayed = self.demand_peak * math.pow(0.5, window_s / max(half_life_s, 1e-9))
         return replace(self, demand_peak=max(demand, decayed))
 
+    def measured_residual(self, config: SpecConfig, batch: float) -> float | None:
+        """The mean log residual `config`'s own windows measured in `batch`'s load bucket (None:
+        it never served a window there)."""
+        bucket = residual_bucket(batch)
+        return next(
+            (r.mean for r in self.residuals if (r.config, r.log2_batch) == (config, bucket)), None
+        )
+
     def learn_throughput(self, config: SpecConfig, batch: float, ratio: float) -> TunerState:
         """`ratio` is measured over prior throughput for `config` at `batch`."""
         if ratio <= 0 or not math.isfinite(ratio):
             return self
-        bucket = round(math.log2(max(batch, 1.0)))
+        bucket = residual_bucket(batch)
         residual = math.log(ratio)
         kept = [r for r in self.residuals if (r.config, r.log2_batch) != (config, bucket)]
         old = next(
