@@ -70,6 +70,13 @@ REGIME_BATCH_STEP = 2.0
 """A load that moves this factor either way from where the last regime change left it has
 changed regime (memory-bound to compute-bound spans more; a window's noise, much less)."""
 
+
+def residual_bucket(batch: float) -> int:
+    """The load bucket a window's residual is summarised in: its mean batch's nearest power of
+    two (batches under 1 in the first)."""
+    return round(math.log2(max(batch, 1.0)))
+
+
 AcceptanceCounts = tuple[str, tuple[float, ...], tuple[float, ...], tuple[float, ...]]
 """(method, accepted per position, tried per position, task weights they were measured under)."""
 
@@ -147,14 +154,18 @@ class TunerState:
     length 1, such windows kept n-gram predicted slower than no speculation after the traffic
     turned greedy again (the last phase of bench/results/real_vllm.md at 9b462f5: 0.722 of
     static K=5)."""
-    no_draft_loss: tuple[tuple[str, float], ...] = ()
-    """(method, loss) per method that has run a window without a draft: the share of the plain
-    server's predicted speed such windows lost (0 to 1), blended over them
-    (`learn_no_draft_loss`). What a re-test that finds the traffic still unmatched costs
-    (`policy.learn.retest_after_s`); on vLLM's CPU build n-gram K=5 drafting nothing served
-    about a quarter less than no speculation at concurrency 1 and 17% less at 32 (static arms
-    of bench/results/real_vllm-shared-rounds6.md at 2938c8b; 29% and 28% in its rerun at
-    73dff18)."""
+    no_draft_speed: tuple[tuple[str, float], ...] = ()
+    """(method, log ratio) per method that has run a window without a draft: the log of its
+    speed then over the plain server's physics prior at that window's load, blended in halves
+    over such windows (`learn_no_draft_speed`). Read against what no speculation serves now
+    (as its own windows measured it at that load, else as predicted), it is the share a
+    re-test risks if the traffic is still unmatched (`policy.learn.retest_wait`): on vLLM's
+    CPU build n-gram K=5 drafting nothing served about a quarter less than no speculation at
+    concurrency 1 and 17% less at 32 (static arms of bench/results/real_vllm-shared-rounds6.md
+    at 2938c8b; 29% and 28% in its rerun at 73dff18). Kept against the prior, not against the
+    corrected prediction of the moment: at 73dff18 the first silent window at concurrency 32
+    came before no speculation had run there and read a 9% loss, where the statics measured
+    28%."""
     regime_changes: int = 0
     """Changes of the traffic's regime seen since `watched_since_s` (`note_regime`): the load
     stepping by REGIME_BATCH_STEP from where the last change left it, or the running method,
@@ -217,14 +228,13 @@ class TunerState:
         """When `method` last ran a window without one draft, while that still holds."""
         return dict(self.no_drafts).get(method)
 
-    def learn_no_draft_loss(self, method: str, loss: float) -> TunerState:
-        """Blend `loss` (the share of the plain server's speed a window of `method` that drafted
-        nothing lost) into `no_draft_loss`, clipped to 0..1."""
-        clipped = min(1.0, max(0.0, loss))
-        losses = dict(self.no_draft_loss)
+    def learn_no_draft_speed(self, method: str, log_ratio: float) -> TunerState:
+        """Blend `log_ratio` (the log of a window's speed while `method` drafted nothing over
+        the plain server's physics prior) into `no_draft_speed`."""
+        speeds = dict(self.no_draft_speed)
         # halves: one window's read is noisy, and the loss moves with the load
-        losses[method] = clipped if method not in losses else (losses[method] + clipped) / 2
-        return replace(self, no_draft_loss=tuple(sorted(losses.items())))
+        speeds[method] = log_ratio if method not in speeds else (speeds[method] + log_ratio) / 2
+        return replace(self, no_draft_speed=tuple(sorted(speeds.items())))
 
     def retest(self, methods: Collection[str]) -> TunerState:
         """Forget that `methods` drafted nothing: their counts speak for them again."""
@@ -394,11 +404,19 @@ class TunerState:
         decayed = self.demand_peak * math.pow(0.5, window_s / max(half_life_s, 1e-9))
         return replace(self, demand_peak=max(demand, decayed))
 
+    def measured_residual(self, config: SpecConfig, batch: float) -> float | None:
+        """The mean log residual `config`'s own windows measured in `batch`'s load bucket (None:
+        it never served a window there)."""
+        bucket = residual_bucket(batch)
+        return next(
+            (r.mean for r in self.residuals if (r.config, r.log2_batch) == (config, bucket)), None
+        )
+
     def learn_throughput(self, config: SpecConfig, batch: float, ratio: float) -> TunerState:
         """`ratio` is measured over prior throughput for `config` at `batch`."""
         if ratio <= 0 or not math.isfinite(ratio):
             return self
-        bucket = round(math.log2(max(batch, 1.0)))
+        bucket = residual_bucket(batch)
         residual = math.log(ratio)
         kept = [r for r in self.residuals if (r.config, r.log2_batch) != (config, bucket)]
         old = next(
@@ -444,7 +462,7 @@ class TunerState:
             "last_window_s": self.last_window_s,
             "forecast_shortfall": self.forecast_shortfall,
             "no_drafts": [list(n) for n in self.no_drafts],
-            "no_draft_loss": [[m, round(loss, 4)] for m, loss in self.no_draft_loss],
+            "no_draft_speed": [[m, round(ratio, 4)] for m, ratio in self.no_draft_speed],
             "regime": [self.regime_changes, round(self.regime_batch, 2), self.watched_since_s],
             "residuals": [
                 [r.config.to_dict(), r.log2_batch, r.mean, r.weight] for r in self.residuals
@@ -481,7 +499,9 @@ class TunerState:
             last_window_s=_optional_float(body.get("last_window_s")),
             forecast_shortfall=bool(body.get("forecast_shortfall", False)),
             no_drafts=tuple((str(m), float(t)) for m, t in body.get("no_drafts", [])),
-            no_draft_loss=tuple((str(m), float(loss)) for m, loss in body.get("no_draft_loss", [])),
+            no_draft_speed=tuple(
+                (str(m), float(ratio)) for m, ratio in body.get("no_draft_speed", [])
+            ),
             **_regime(body.get("regime", [0, 0.0, None])),
             residuals=tuple(
                 ResidualPoint(SpecConfig.from_dict(c), int(b), float(m), float(w))

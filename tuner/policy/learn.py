@@ -110,16 +110,9 @@ def learn(
     context = state.context_tokens or settings.context_tokens
     measures_speed = _measures_speed(state, settings, observation.window_s, now)
     if _drafted_nothing(current, observation) and measures_speed:
-        plain = _surrogate(state, settings, cost).predict(SpecConfig(), batch, context)
-        state = state.learn_no_draft_loss(current.method, 1.0 - throughput / plain.tokens_per_s)
-    waits = {
-        method: _retest_wait(method, state, settings, cost, batch, context, now)
-        for method, _ in state.no_drafts
-    }
-    due = tuple((m, t) for m, t in state.no_drafts if now - t >= waits[m].seconds)
-    state = state.retest([m for m, _ in due])
-    acceptance = _curves(state, settings)
-    if not _drafted_nothing(current, observation) and measures_speed:
+        plain = _prior_rate(state, SpecConfig(), batch, settings, cost)
+        state = state.learn_no_draft_speed(current.method, math.log(throughput / plain))
+    elif measures_speed:
         # A window that saw a switch also saw the restart's downtime and refill, and the first
         # window a new engine serves is a cold one's (on the real vLLM CPU server, 326 tok/s
         # against 666 on the same load before the switch: bench/results/real_vllm.md at
@@ -128,6 +121,16 @@ def learn(
         # throughput).
         prior = _prior_rate(state, current, batch, settings, cost)
         state = state.learn_throughput(current, batch, throughput / prior)
+    # after this window's speed is learned: a re-test's loss and gain are read against what
+    # no speculation serves, which this window may be the first to measure at this load (the
+    # running method is never due: its own window re-marks it or clears it)
+    waits = {
+        method: retest_wait(method, state, settings, cost, batch, context, now)
+        for method, _ in state.no_drafts
+    }
+    due = tuple((m, t) for m, t in state.no_drafts if now - t >= waits[m].seconds)
+    state = state.retest([m for m, _ in due])
+    acceptance = _curves(state, settings)
     surrogate = _surrogate(state, settings, cost)
     demand = offered_demand(throughput, batch, observation.waiting_requests or 0.0)
     return Belief(
@@ -199,7 +202,7 @@ def _surrogate(state: TunerState, settings: TunerSettings, cost: StepCost) -> Su
     )
 
 
-def _retest_wait(
+def retest_wait(
     method: str,
     state: TunerState,
     settings: TunerSettings,
@@ -208,16 +211,51 @@ def _retest_wait(
     context: float,
     now: float,
 ) -> RetestWait:
-    """`retest_after_s` for `method` at this window's load: the gain its best candidate is
-    predicted to make over no speculation on what it accepted when it drafted, the loss its
-    windows without a draft measured (the gain until one has: the two counted alike)."""
+    """`retest_after_s` for `method` at this window's load: the gain its best candidate makes
+    over no speculation on what it accepted when it drafted, and the loss of its windows
+    without a draft, both against what no speculation serves here; each config read as its own
+    windows at this load measured it, else as predicted (`_as_measured`). The loss is the gain
+    until such a window measured it: the two counted alike."""
     matched = _surrogate(state.retest([method]), settings, cost)
-    configs = [c for c in settings.candidates if c.speculative and c.method == method]
-    plain, *rates = matched.predict_many([SpecConfig(), *configs], batch, context)
-    gain = max((r.tokens_per_s for r in rates), default=plain.tokens_per_s)
-    gain = gain / plain.tokens_per_s - 1.0
-    loss = dict(state.no_draft_loss).get(method, gain)
+    configs = [
+        SpecConfig(),
+        *(c for c in settings.candidates if c.speculative and c.method == method),
+    ]
+    predictions = matched.predict_many(configs, batch, context)
+    plain, *rates = [
+        _as_measured(config, predicted.tokens_per_s, state, matched, batch, context)
+        for config, predicted in zip(configs, predictions, strict=True)
+    ]
+    gain = max(rates, default=plain) / plain - 1.0
+    speed = dict(state.no_draft_speed).get(method)
+    if speed is None:
+        loss = gain
+    else:
+        silent = matched.prior(SpecConfig(), batch, context).tokens_per_s * math.exp(speed)
+        loss = min(1.0, max(0.0, 1.0 - silent / plain))
     return RetestWait(retest_after_s(settings, state, now, loss, gain), loss, gain)
+
+
+def _as_measured(
+    config: SpecConfig,
+    predicted: float,
+    state: TunerState,
+    surrogate: Surrogate,
+    batch: float,
+    context: float,
+) -> float:
+    """`config`'s tokens/s at `batch` as its own windows in this load bucket measured it (its
+    prior times their mean residual), or as `predicted` where it never served one there.
+
+    A re-test weighs two configs that ran in different phases against each other, and the GP
+    reads a lone summary far from a config's others as mostly noise: on the real vLLM CPU
+    server no speculation was predicted 3353 tok/s at batch 17.9 in the window that measured
+    it serving 5177, so n-gram K=5's gain read +74% where the statics measured +28-33% (the
+    shared three-tick run of eed6b98)."""
+    own = state.measured_residual(config, batch)
+    if own is None:
+        return predicted
+    return surrogate.prior(config, batch, context).tokens_per_s * math.exp(own)
 
 
 def regime_dwell_s(settings: TunerSettings, state: TunerState, now: float) -> float:
