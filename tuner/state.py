@@ -407,9 +407,12 @@ class TunerState:
     def measured_residual(self, config: SpecConfig, batch: float) -> float | None:
         """The mean log residual `config`'s own windows measured in `batch`'s load bucket (None:
         it never served a window there)."""
-        bucket = residual_bucket(batch)
+        point = self._residual_point(config, residual_bucket(batch))
+        return None if point is None else point.mean
+
+    def _residual_point(self, config: SpecConfig, bucket: int) -> ResidualPoint | None:
         return next(
-            (r.mean for r in self.residuals if (r.config, r.log2_batch) == (config, bucket)), None
+            (r for r in self.residuals if (r.config, r.log2_batch) == (config, bucket)), None
         )
 
     def learn_throughput(self, config: SpecConfig, batch: float, ratio: float) -> TunerState:
@@ -419,9 +422,7 @@ class TunerState:
         bucket = residual_bucket(batch)
         residual = math.log(ratio)
         kept = [r for r in self.residuals if (r.config, r.log2_batch) != (config, bucket)]
-        old = next(
-            (r for r in self.residuals if (r.config, r.log2_batch) == (config, bucket)), None
-        )
+        old = self._residual_point(config, bucket)
         if old is None:
             point = ResidualPoint(config, bucket, residual, 1.0)
         else:
